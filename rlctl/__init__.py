@@ -1,0 +1,3 @@
+"""rlctl: hardware-portable RL post-training for LLMs."""
+
+__version__ = "0.1.0"

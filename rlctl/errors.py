@@ -1,0 +1,32 @@
+"""Error types that decide how rlctl exits.
+
+UserError: bad input (profile, flag, file). The CLI prints its one-line message and exits 2.
+RunError: a runtime failure (a worker died, a step failed). The CLI prints it and exits 1.
+NotBuiltError: a command that exists in the CLI but is not implemented; exits 1, says so.
+"""
+
+from __future__ import annotations
+
+
+class RlctlError(Exception):
+    """Base of rlctl's own errors; ``exit_code`` is what the CLI returns."""
+
+    exit_code = 1
+
+
+class UserError(RlctlError):
+    """Bad input from the user: one line, names the file/key/value and what was expected."""
+
+    exit_code = 2
+
+
+class RunError(RlctlError):
+    """A failure at run time: says which role, rank and step failed when known."""
+
+    exit_code = 1
+
+
+class NotBuiltError(RlctlError):
+    """A command or feature that is not implemented yet; it must not pretend."""
+
+    exit_code = 1
