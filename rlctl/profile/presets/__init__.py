@@ -1,0 +1,1 @@
+"""Algorithm presets: TOML fragments layered beneath a profile by ``algorithm.preset``."""

@@ -1,0 +1,208 @@
+"""The typed Profile: one flat dataclass per section, defaults for everything a small run omits.
+
+Batch sizes are named by what they count: ``trainer.prompts_per_step`` prompts are sampled per
+step and each gets ``rollout.n`` responses, so a step trains on prompts_per_step * n sequences.
+Mini-batches count prompts (``actor.mini_batch_prompts``), micro-batches count sequences
+(``actor.micro_batch_sequences``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlctl.profile.fields import field
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k2+", "k3+", "low_var_kl+", "abs+")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class RunSection:
+    name: str = field("rlctl-run", "Run name; the run directory is output_dir/name.")
+    seed: int = field(1, "Seed for data order, sampling and initialisation.", ge=0)
+    output_dir: str = field("runs", "Parent directory of run directories (relative to the working dir).")
+
+
+@dataclass
+class PlatformSection:
+    vendor: str = field("auto", "auto, cpu, nvidia, rocm, ascend, or an installed plugin's name.")
+    attention: str = field("auto", "Attention kernel; auto picks the platform's best available.")
+    dtype: str = field("auto", "Compute dtype; auto is float32 on CPU, bfloat16 on accelerators.", choices=DTYPES)
+
+
+@dataclass
+class ClusterSection:
+    backend: str = field("ray", "Worker runtime: ray, or inprocess (one process).", choices=("ray", "inprocess"))
+    address: str = field("local", "Ray address: local (start one), auto, or ray://host:port.")
+    nodes: int = field(1, "Number of nodes.", ge=1)
+    devices_per_node: int = field(1, "Workers (devices) per node.", ge=1)
+    call_timeout_s: float = field(900.0, "Seconds a worker call may take before the run fails.", gt=0)
+
+
+@dataclass
+class ModelSection:
+    path: str = field("", "Local HF model directory (config + weights + tokenizer).", path=True)
+    tokenizer: str = field("", "Tokenizer directory; empty means model.path.", path=True)
+    trust_remote_code: bool = field(False, "Allow the model's own Python code to run (off unless asked).")
+
+
+@dataclass
+class DataSection:
+    train: str = field("builtin:addition", "Train prompts: builtin:TASK, or a .jsonl/.parquet file.", path=True)
+    val: str = field("", "Validation prompts; empty uses the task's validation split.", path=True)
+    val_size: int = field(400, "Validation prompts evaluated each time (0 = all).", ge=0)
+    max_prompt_length: int = field(64, "Prompts longer than this many tokens are dropped.", ge=1)
+    shuffle: bool = field(True, "Shuffle the train prompts each epoch.")
+
+
+@dataclass
+class AlgorithmSection:
+    preset: str = field("", "Named preset applied beneath this profile (grpo, dr_grpo, dapo, ppo, ...).")
+    adv_estimator: str = field("grpo", "Advantage estimator (gae, grpo, rloo, reinforce_plus_plus, ...).")
+    norm_adv_by_std: bool = field(True, "GRPO: divide by the group std (false = Dr.GRPO).")
+    gamma: float = field(1.0, "Discount factor.", ge=0, le=1)
+    lam: float = field(1.0, "GAE lambda.", ge=0, le=1)
+    use_kl_in_reward: bool = field(False, "Subtract a KL penalty from the rewards.")
+    kl_penalty: str = field("kl", "KL estimator for the in-reward penalty.", choices=KL_KINDS)
+    kl_ctrl: str = field("fixed", "In-reward KL coefficient controller.", choices=("fixed", "adaptive"))
+    kl_coef: float = field(0.001, "In-reward KL coefficient (initial value when adaptive).", ge=0)
+    kl_target: float = field(0.1, "Adaptive KL controller target.", gt=0)
+    kl_horizon: int = field(10000, "Adaptive KL controller horizon.", ge=1)
+    dynamic_sampling: bool = field(False, "DAPO: drop groups whose rewards are all equal, resample.")
+    max_sampling_rounds: int = field(3, "DAPO: generation rounds allowed to fill one batch.", ge=1)
+    overlong_buffer: int = field(0, "DAPO overlong shaping: penalty ramp length in tokens (0 = off).", ge=0)
+    overlong_penalty: float = field(1.0, "DAPO overlong shaping: maximum penalty.", ge=0)
+    rollout_correction: str = field(
+        "off", "Importance correction with rollout log-probs.", choices=("off", "token", "sequence")
+    )
+    rollout_correction_mode: str = field("truncate", "truncate or mask.", choices=("truncate", "mask"))
+    rollout_correction_threshold: float = field(2.0, "Upper importance-weight threshold.", gt=0)
+
+
+@dataclass
+class ActorSection:
+    lr: float = field(1e-6, "Learning rate.", gt=0)
+    weight_decay: float = field(0.0, "AdamW weight decay.", ge=0)
+    warmup_steps: int = field(0, "Linear warmup steps.", ge=0)
+    lr_schedule: str = field("constant", "Schedule after warmup.", choices=("constant", "cosine"))
+    grad_clip: float = field(1.0, "Gradient norm clip (0 = off).", ge=0)
+    ppo_epochs: int = field(1, "Passes over each step's batch.", ge=1)
+    mini_batch_prompts: int = field(0, "Prompts per optimiser step (0 = the whole step's batch).", ge=0)
+    micro_batch_sequences: int = field(16, "Sequences per forward/backward (gradient accumulation).", ge=1)
+    policy_loss: str = field("vanilla", "Policy loss (vanilla, gspo, cispo, gpg).")
+    clip_ratio_low: float = field(0.2, "PPO clip below 1.", ge=0)
+    clip_ratio_high: float = field(0.2, "PPO clip above 1 (DAPO clip-higher: larger).", ge=0)
+    clip_ratio_c: float = field(3.0, "Dual-clip bound for negative advantages.", gt=1)
+    loss_agg_mode: str = field("token-mean", "Loss aggregation.", choices=LOSS_AGG_MODES)
+    entropy_coeff: float = field(0.0, "Entropy bonus coefficient.", ge=0)
+    use_kl_loss: bool = field(False, "Add a KL-to-reference term to the loss (GRPO style).")
+    kl_loss_coef: float = field(0.001, "KL loss coefficient.", ge=0)
+    kl_loss_type: str = field("low_var_kl", "KL estimator for the loss.", choices=KL_KINDS)
+    activation_checkpointing: bool = field(False, "Recompute activations in backward.")
+    param_offload: bool = field(False, "Offload parameters to CPU between stages (accelerators).")
+    optimizer_offload: bool = field(False, "Offload optimizer state to CPU between stages (accelerators).")
+
+
+@dataclass
+class RolloutSection:
+    engine: str = field("auto", "Rollout engine.", choices=("auto", "hf", "vllm", "sglang"))
+    n: int = field(8, "Responses sampled per prompt.", ge=1)
+    temperature: float = field(1.0, "Sampling temperature.", gt=0)
+    top_p: float = field(1.0, "Nucleus sampling mass.", gt=0, le=1)
+    top_k: int = field(0, "Top-k sampling (0 = off).", ge=0)
+    max_new_tokens: int = field(64, "Maximum response length in tokens.", ge=1)
+    tensor_parallel: int = field(1, "Rollout tensor-parallel degree (vLLM/SGLang).", ge=1)
+    gpu_memory_utilization: float = field(0.5, "vLLM/SGLang memory fraction.", gt=0, le=1)
+    val_temperature: float = field(0.0, "Validation temperature (0 = greedy).", ge=0)
+
+
+@dataclass
+class RefSection:
+    path: str = field("", "Reference model directory; empty means model.path.", path=True)
+    micro_batch_sequences: int = field(32, "Sequences per reference forward.", ge=1)
+
+
+@dataclass
+class CriticSection:
+    path: str = field("", "Critic init directory; empty means model.path.", path=True)
+    lr: float = field(1e-5, "Critic learning rate.", gt=0)
+    warmup_steps: int = field(0, "Critic warmup steps.", ge=0)
+    grad_clip: float = field(1.0, "Critic gradient norm clip (0 = off).", ge=0)
+    cliprange_value: float = field(0.5, "Value clipping range.", ge=0)
+    ppo_epochs: int = field(1, "Critic passes over each step's batch.", ge=1)
+    micro_batch_sequences: int = field(16, "Sequences per critic forward/backward.", ge=1)
+
+
+@dataclass
+class RewardSection:
+    kind: str = field(
+        "verifier", "Reward source.", choices=("verifier", "function", "model", "code")
+    )
+    function: str = field("", "Custom reward 'path/to/file.py:name' (kind = function).")
+    model_path: str = field("", "Reward model directory (kind = model).", path=True)
+    timeout_s: float = field(5.0, "Per-sample time limit for function/code rewards.", gt=0)
+    memory_mb: int = field(512, "Memory limit for sandboxed code rewards.", ge=16)
+
+
+@dataclass
+class TrainerSection:
+    steps: int = field(100, "Training steps.", ge=1)
+    prompts_per_step: int = field(8, "Prompts sampled per step (each gets rollout.n responses).", ge=1)
+    val_every: int = field(10, "Validate every N steps (0 = only at the end).", ge=0)
+    val_at_start: bool = field(True, "Validate before the first step.")
+    save_every: int = field(50, "Checkpoint every N steps (0 = only at the end).", ge=0)
+    keep_checkpoints: int = field(2, "Checkpoints kept (older ones are deleted).", ge=1)
+    export_hf: bool = field(True, "Export the final policy in HF format.")
+    loggers: list[str] = field(["console", "jsonl"], "Metric sinks: console, jsonl, tensorboard, wandb.")
+
+
+@dataclass
+class Profile:
+    """A fully resolved, validated profile: what every other module receives."""
+
+    description: str = field("", "One line about this profile.")
+    run: RunSection = None  # type: ignore[assignment]
+    platform: PlatformSection = None  # type: ignore[assignment]
+    cluster: ClusterSection = None  # type: ignore[assignment]
+    model: ModelSection = None  # type: ignore[assignment]
+    data: DataSection = None  # type: ignore[assignment]
+    algorithm: AlgorithmSection = None  # type: ignore[assignment]
+    actor: ActorSection = None  # type: ignore[assignment]
+    rollout: RolloutSection = None  # type: ignore[assignment]
+    ref: RefSection = None  # type: ignore[assignment]
+    critic: CriticSection = None  # type: ignore[assignment]
+    reward: RewardSection = None  # type: ignore[assignment]
+    trainer: TrainerSection = None  # type: ignore[assignment]
+    source: str = ""  # the file it was loaded from (not a profile key)
+
+    @property
+    def uses_reference(self) -> bool:
+        """A frozen reference policy is needed when any KL term is on."""
+        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+
+    @property
+    def uses_critic(self) -> bool:
+        """A value model is needed for GAE (PPO)."""
+        return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.trainer.prompts_per_step * self.rollout.n
+
+
+SECTIONS: dict[str, type] = {
+    "run": RunSection,
+    "platform": PlatformSection,
+    "cluster": ClusterSection,
+    "model": ModelSection,
+    "data": DataSection,
+    "algorithm": AlgorithmSection,
+    "actor": ActorSection,
+    "rollout": RolloutSection,
+    "ref": RefSection,
+    "critic": CriticSection,
+    "reward": RewardSection,
+    "trainer": TrainerSection,
+}
+TOP_LEVEL_KEYS = ("extends", "description")
