@@ -1,0 +1,160 @@
+"""Weight export, sharded checkpoints, HF export and memory moves of the FSDP2 training engine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rlctl.errors import RunError, UserError
+
+if TYPE_CHECKING:
+    from rlctl.engines.fsdp_train import FSDPTrainEngine
+
+EXTRA_STATE = "rlctl_engine_state.pt"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "added_tokens.json",
+)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def export_weights(
+    model: nn.Module, mode: str = "full", dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """One ``(name, tensor)`` per parameter; tied weights appear once (under their first name).
+
+    ``full``: each DTensor is all-gathered on its own, so peak memory is one full parameter, never
+    the whole model (every rank must iterate, the gathers are collective).
+    ``sharded``: the stored parameter itself, a DTensor carrying mesh and placements.
+    """
+    if mode not in ("full", "sharded"):
+        raise UserError(f"export_weights mode={mode!r}; expected 'full' or 'sharded'")
+    for name, param in model.named_parameters():
+        tensor = param.detach()
+        if mode == "full" and hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()
+        if dtype is not None:
+            tensor = tensor.to(dtype)
+        yield name, tensor
+
+
+def checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """``{"model": ..., "optim": ...}`` sharded state dicts (DTensors under FSDP2)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def save_checkpoint(engine: FSDPTrainEngine, path: Path) -> None:
+    """DCP save of model + optimizer; scheduler and step go in a small file written by rank 0."""
+    import torch.distributed.checkpoint as dcp
+
+    path.mkdir(parents=True, exist_ok=True)
+    dcp.save(checkpoint_state(engine.model, engine.optimizer), checkpoint_id=str(path))
+    if _rank() == 0:
+        extra = {"scheduler": engine.scheduler.state_dict(), "global_step": engine.global_step}
+        torch.save(extra, path / EXTRA_STATE)
+    _barrier()
+
+
+def load_checkpoint(engine: FSDPTrainEngine, path: Path) -> None:
+    """DCP load into the current (sharded) model and optimizer, then the schedule and step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    if not (path / EXTRA_STATE).is_file():
+        raise UserError(
+            f"checkpoint {str(path)!r} has no {EXTRA_STATE}; expected a directory from save_checkpoint"
+        )
+    state = checkpoint_state(engine.model, engine.optimizer)
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+    except Exception as exc:
+        raise RunError(f"loading checkpoint {str(path)!r} on rank {_rank()} failed: {exc}") from exc
+    set_state_dict(
+        engine.model, engine.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+    extra = torch.load(path / EXTRA_STATE, map_location="cpu", weights_only=False)
+    engine.scheduler.load_state_dict(extra["scheduler"])
+    engine.global_step = int(extra["global_step"])
+
+
+def _full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The full state dict on rank 0 (CPU), empty elsewhere; plain ``state_dict`` when unsharded."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def save_hf(engine: FSDPTrainEngine, path: Path, tokenizer=None) -> None:
+    """Write a ``save_pretrained`` directory; a critic also writes ``value_head.pt``."""
+    state = _full_state_dict(engine.model)
+    if _rank() == 0:
+        path.mkdir(parents=True, exist_ok=True)
+        if engine.value_head:
+            backbone = {k.removeprefix("backbone."): v for k, v in state.items() if k.startswith("backbone.")}
+            engine.model.backbone.save_pretrained(str(path), state_dict=backbone)
+            head = {k.removeprefix("value_head."): v for k, v in state.items() if k.startswith("value_head.")}
+            torch.save(head, path / "value_head.pt")
+        else:
+            engine.model.save_pretrained(str(path), state_dict=state)
+        _fix_architecture(path, engine.arch_name if not engine.value_head else None)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(path))
+        else:
+            for name in TOKENIZER_FILES:
+                if (engine.model_path / name).is_file():
+                    shutil.copy2(engine.model_path / name, path / name)
+    _barrier()
+
+
+def _fix_architecture(path: Path, arch_name: str | None) -> None:
+    """fully_shard swaps the class to ``FSDP<Name>``; write the real architecture into config.json."""
+    cfg_file = path / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    archs = [a.removeprefix("FSDP") for a in cfg.get("architectures") or []]
+    if arch_name:
+        archs = [arch_name]
+    cfg["architectures"] = archs
+    cfg_file.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def move_engine(engine: FSDPTrainEngine, device: torch.device) -> None:
+    """Move parameters, gradients and optimizer state; a no-op for a CPU engine."""
+    if engine.device.type == "cpu":
+        return
+    engine.model.to(device)
+    for state in engine.optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(device, non_blocking=True)
+    if device.type == "cpu" and hasattr(torch, engine.device.type):
+        backend = getattr(torch, engine.device.type)
+        if hasattr(backend, "synchronize"):
+            backend.synchronize()
+        if hasattr(backend, "empty_cache"):
+            backend.empty_cache()

@@ -1,0 +1,278 @@
+"""FSDP2 training engine: log-probs, values and optimiser steps of an HF causal LM.
+
+When ``torch.distributed`` is initialised the model is sharded with
+``torch.distributed.fsdp.fully_shard`` over a 1-D DeviceMesh (every decoder layer, then the root);
+otherwise it runs as a plain module, so the same code serves tests, CPU runs and GPUs.
+The engine knows nothing of RL: :meth:`FSDPTrainEngine.train_batch` takes the loss function.
+
+Batch convention (verl's): ``input_ids``/``attention_mask``/``position_ids`` (B, P+R) are a
+left-padded prompt followed by a right-padded response, ``responses``/``response_mask`` (B, R).
+The log-prob of response token t comes from the logits at position P-1+t.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rlctl.engines import fsdp_io
+from rlctl.engines.hf_model import load_causal_lm, load_value_model, resolve_dtype, supports_logits_to_keep
+from rlctl.engines.logprob import (
+    position_ids_from_mask,
+    response_logits,
+    token_log_probs,
+    token_log_probs_and_entropy,
+)
+from rlctl.engines.optim import LossScale, OptimConfig, build_optimizer
+from rlctl.engines.registry import register_engine
+from rlctl.errors import UserError
+
+Batch = dict[str, torch.Tensor]
+LossFn = Callable[[dict[str, torch.Tensor], Batch, LossScale], tuple[torch.Tensor, dict[str, float]]]
+
+
+def split_batch(batch: Batch, micro_batch_size: int) -> list[Batch]:
+    """Row-wise micro-batches of every tensor in ``batch`` (the last one may be smaller)."""
+    n = next(iter(batch.values())).shape[0]
+    return [{k: v[i : i + micro_batch_size] for k, v in batch.items()} for i in range(0, n, micro_batch_size)]
+
+
+def _shard(model: nn.Module, mesh, mixed_precision: str | None, cpu_offload: bool, device: str) -> None:
+    """``fully_shard`` each no-split block (HF ``_no_split_modules``), then the root."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kwargs: dict = {"mesh": mesh}
+    if mixed_precision:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=resolve_dtype(mixed_precision), reduce_dtype=torch.float32
+        )
+    if cpu_offload and device != "cpu":
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    block_names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in block_names]
+    for block in blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+@register_engine("train", model_type="*", backend="fsdp2", device="*")
+class FSDPTrainEngine:
+    """Training engine over one HF model (actor, reference or critic with ``value_head=True``)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        mixed_precision: str | None = None,
+        trust_remote_code: bool = False,
+        value_head: bool = False,
+        activation_checkpointing: bool = False,
+        cpu_offload: bool = False,
+        attn_implementation: str = "sdpa",
+        optim: OptimConfig | None = None,
+        micro_batch_size: int = 4,
+        mesh=None,
+        tokenizer=None,
+    ):
+        if micro_batch_size < 1:
+            raise UserError(f"micro_batch_size={micro_batch_size} must be >= 1")
+        self.model_path = Path(model_path)
+        self.device = torch.device(device)
+        self.micro_batch_size = micro_batch_size
+        self.value_head = value_head
+        self.mixed_precision = mixed_precision
+        self.cpu_offload = cpu_offload
+        self.tokenizer = tokenizer
+        loader = load_value_model if value_head else load_causal_lm
+        model = loader(
+            model_path,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            attn_implementation=attn_implementation,
+        )
+        self.arch_name = type(model).__name__
+        if activation_checkpointing:
+            target = model.backbone if value_head else model
+            target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.to(self.device)
+        self.distributed = dist.is_available() and dist.is_initialized()
+        if self.distributed:
+            if mesh is None:
+                from torch.distributed.device_mesh import init_device_mesh
+
+                mesh = init_device_mesh(self.device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
+            _shard(model, mesh, mixed_precision, cpu_offload, self.device.type)
+        self.mesh = mesh
+        self.model = model
+        self._keep_logits = not value_head and supports_logits_to_keep(model)
+        self.optim_config = optim or OptimConfig()
+        self.optimizer, self.scheduler = build_optimizer(
+            [p for p in model.parameters() if p.requires_grad], self.optim_config
+        )
+        self.global_step = 0
+
+    # -- shape of the data-parallel world ---------------------------------------------------------
+    @property
+    def dp_size(self) -> int:
+        return self.mesh.size() if self.mesh is not None else 1
+
+    @property
+    def dp_rank(self) -> int:
+        return self.mesh.get_local_rank() if self.mesh is not None else 0
+
+    def _group(self):
+        return self.mesh.get_group() if self.mesh is not None else None
+
+    def _autocast(self):
+        if self.mixed_precision and not self.distributed:
+            return torch.autocast(self.device.type, dtype=resolve_dtype(self.mixed_precision))
+        return torch.autocast(self.device.type, enabled=False)
+
+    # -- forward ------------------------------------------------------------------------------------
+    def _forward(self, mb: Batch, *, temperature: float, with_entropy: bool) -> dict[str, torch.Tensor]:
+        """Log-probs (+entropy) or values of the response tokens of one micro-batch."""
+        mb = {k: v.to(self.device) for k, v in mb.items()}
+        resp_len = mb["responses"].shape[1]
+        position_ids = mb.get("position_ids")
+        if position_ids is None:
+            position_ids = position_ids_from_mask(mb["attention_mask"])
+        inputs = dict(
+            input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=position_ids
+        )
+        with self._autocast():
+            if self.value_head:
+                values = self.model(**inputs)
+                return {"values": values[:, -resp_len - 1 : -1].float()}
+            if self._keep_logits:
+                logits = self.model(**inputs, use_cache=False, logits_to_keep=resp_len + 1).logits
+            else:
+                logits = self.model(**inputs, use_cache=False).logits
+        logits = response_logits(logits, resp_len)
+        if with_entropy:
+            lp, ent = token_log_probs_and_entropy(logits, mb["responses"], temperature)
+            return {"log_probs": lp, "entropy": ent}
+        return {"log_probs": token_log_probs(logits, mb["responses"], temperature)}
+
+    @torch.no_grad()
+    def compute_log_prob(
+        self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """Per-token log-probs (B, R) of ``responses`` (and entropy) under ``temperature``; no grad."""
+        if self.value_head:
+            raise UserError(
+                "compute_log_prob needs a causal LM engine; this one was built with value_head=True"
+            )
+        self.model.eval()
+        outs = [
+            self._forward(mb, temperature=temperature, with_entropy=with_entropy)
+            for mb in split_batch(batch, self.micro_batch_size)
+        ]
+        return {k: torch.cat([o[k] for o in outs]).cpu() for k in outs[0]}
+
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        """Critic values (B, R) aligned with the response tokens (position P-1+t)."""
+        if not self.value_head:
+            raise UserError("compute_values needs an engine built with value_head=True")
+        self.model.eval()
+        outs = [
+            self._forward(mb, temperature=1.0, with_entropy=False)
+            for mb in split_batch(batch, self.micro_batch_size)
+        ]
+        return torch.cat([o["values"] for o in outs]).cpu()
+
+    # -- training -----------------------------------------------------------------------------------
+    def _loss_scale(self, batch: Batch) -> LossScale:
+        totals = torch.tensor(
+            [float(batch["response_mask"].sum()), float(batch["response_mask"].shape[0])], dtype=torch.float64
+        )
+        if self.distributed:
+            totals = totals.to(self.device)
+            dist.all_reduce(totals, group=self._group())
+        return LossScale(global_tokens=int(totals[0]), global_seqs=int(totals[1]), dp_size=self.dp_size)
+
+    def _mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
+        if not self.distributed or not metrics:
+            return metrics
+        keys = sorted(metrics)
+        t = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=self._group())
+        return {k: float(v) / self.dp_size for k, v in zip(keys, t.tolist(), strict=True)}
+
+    def train_batch(
+        self, batch: Batch, loss_fn: LossFn, *, temperature: float = 1.0, with_entropy: bool = True
+    ) -> dict[str, float]:
+        """One optimiser step over a mini-batch, accumulating gradients over micro-batches.
+
+        ``loss_fn(outputs, micro_batch, scale)`` returns this micro-batch's share of the
+        mini-batch loss (see :class:`LossScale`); backward runs on it unscaled. Then gradients are
+        clipped (``grad_norm`` is the norm before clipping), AdamW and the LR schedule step.
+        A non-finite grad norm skips the update and reports ``skipped=1``.
+        """
+        self.model.train()
+        scale = self._loss_scale(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        micro_batches = split_batch(batch, self.micro_batch_size)
+        for mb in micro_batches:
+            outputs = self._forward(mb, temperature=temperature, with_entropy=with_entropy)
+            loss, metrics = loss_fn(outputs, {k: v.to(self.device) for k, v in mb.items()}, scale)
+            loss.backward()
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        metrics = {k: v / len(micro_batches) for k, v in sums.items()}
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        clip = self.optim_config.grad_clip if self.optim_config.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = float(grad_norm)
+        lr = self.scheduler.get_last_lr()[0]
+        skipped = not torch.isfinite(torch.tensor(grad_norm))
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.global_step += 1
+        out = self._mean_over_ranks(metrics)
+        out.update(grad_norm=grad_norm, lr=lr, skipped=float(skipped))
+        return out
+
+    # -- weights, checkpoints, memory ---------------------------------------------------------------
+    def export_weights(
+        self, mode: str = "full", dtype: torch.dtype | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Stream ``(HF name, tensor)``: ``full`` gathers one parameter at a time; ``sharded``
+        yields each parameter as it is stored (a DTensor whose ``to_local()`` is this rank's shard)."""
+        return fsdp_io.export_weights(self.model, mode=mode, dtype=dtype)
+
+    def state_dict_for_checkpoint(self) -> dict:
+        """Sharded model + optimizer state dicts (DCP layout) of this rank."""
+        return fsdp_io.checkpoint_state(self.model, self.optimizer)
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Sharded checkpoint (torch.distributed.checkpoint) of model, optimizer and schedule."""
+        fsdp_io.save_checkpoint(self, Path(path))
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore what :meth:`save_checkpoint` wrote; training resumes bit-exact."""
+        fsdp_io.load_checkpoint(self, Path(path))
+
+    def save_hf(self, path: str | Path, tokenizer=None) -> None:
+        """``save_pretrained`` layout loadable by transformers (rank 0 writes), tokenizer included."""
+        fsdp_io.save_hf(self, Path(path), tokenizer or self.tokenizer)
+
+    def offload(self) -> None:
+        """Move parameters and optimizer state to CPU (no-op when the engine already runs on CPU)."""
+        fsdp_io.move_engine(self, torch.device("cpu"))
+
+    def onload(self) -> None:
+        """Bring parameters and optimizer state back to the engine's device."""
+        fsdp_io.move_engine(self, self.device)

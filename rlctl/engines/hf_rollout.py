@@ -1,0 +1,185 @@
+"""HF transformers rollout engine: batched sampling with a KV cache, on any torch device.
+
+The sampling loop is written here rather than delegated to ``model.generate`` so the per-token
+log-probs are exactly ``log_softmax(logits / temperature)`` of the logits the token was drawn from
+(no processor in between), computed with the same helper the training engine uses.
+
+Output follows the engines' batch convention (see :mod:`rlctl.engines.fsdp_train`) plus
+``prompts`` and ``rollout_log_probs``. Responses are padded to ``max_new_tokens``; the
+``n`` samples of a prompt are adjacent rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rlctl.engines.hf_model import cache_kwarg, load_causal_lm, output_cache, supports_logits_to_keep
+from rlctl.engines.logprob import position_ids_from_mask, scaled_log_softmax
+from rlctl.engines.registry import register_engine
+from rlctl.engines.sampling import sample_tokens
+from rlctl.errors import RunError, UserError
+
+
+def _accel(device: torch.device):
+    """The ``torch.<device>`` module (cuda, npu, xpu, ...) or None on CPU."""
+    return None if device.type == "cpu" else getattr(torch, device.type, None)
+
+
+@register_engine("rollout", model_type="*", backend="hf", device="*")
+class HFRolloutEngine:
+    """Rollout with an HF causal LM: ``generate``, ``update_weights``, ``sleep``/``wake``."""
+
+    def __init__(
+        self,
+        model_path_or_module: str | Path | nn.Module,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        attn_implementation: str = "sdpa",
+        trust_remote_code: bool = False,
+    ):
+        self.device = torch.device(device)
+        if isinstance(model_path_or_module, nn.Module):
+            model = model_path_or_module
+        else:
+            model = load_causal_lm(
+                model_path_or_module,
+                dtype=dtype,
+                trust_remote_code=trust_remote_code,
+                attn_implementation=attn_implementation,
+            )
+        self.model = model.to(self.device).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self._cache_kw = cache_kwarg(self.model)
+        self._keep_logits = supports_logits_to_keep(self.model)
+        self.asleep = False
+
+    # -- generation --------------------------------------------------------------------------------
+    def _step(self, input_ids, attention_mask, position_ids, cache):
+        kwargs = {"use_cache": True, self._cache_kw: cache}
+        if self._keep_logits:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
+        )
+        return out.logits[:, -1], output_cache(out)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        n: int = 1,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        max_new_tokens: int,
+        greedy: bool = False,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Sample ``n`` responses per left-padded prompt, stopping each row at EOS.
+
+        ``rollout_log_probs[i, t]`` is the log-prob of ``responses[i, t]`` under
+        ``softmax(logits / temperature)`` before top-k/top-p truncation (0 past the response).
+        ``greedy`` takes the argmax (log-probs still use ``temperature``). ``eos_token_id=None``
+        never stops early. Draws use ``generator`` (on the engine's device) for reproducibility.
+        """
+        if self.asleep:
+            raise RunError("HF rollout engine is asleep; call wake() before generate()")
+        if n < 1 or max_new_tokens < 1:
+            raise UserError(
+                f"generate needs n >= 1 and max_new_tokens >= 1, got n={n}, max_new_tokens={max_new_tokens}"
+            )
+        if temperature <= 0:
+            raise UserError(f"temperature={temperature} must be > 0 (use greedy=True for argmax decoding)")
+        dev = self.device
+        prompts = prompt_ids.to(dev).repeat_interleave(n, dim=0)
+        pmask = prompt_mask.to(dev).long().repeat_interleave(n, dim=0)
+        bsz, plen = prompts.shape
+        eos = torch.tensor(
+            [] if eos_token_id is None else list(torch.tensor(eos_token_id).view(-1)), device=dev
+        )
+        mask = torch.zeros(bsz, plen + max_new_tokens, dtype=torch.long, device=dev)
+        mask[:, :plen] = pmask
+        responses = torch.full((bsz, max_new_tokens), pad_token_id, dtype=prompts.dtype, device=dev)
+        log_probs = torch.zeros(bsz, max_new_tokens, dtype=torch.float32, device=dev)
+        finished = torch.zeros(bsz, dtype=torch.bool, device=dev)
+        next_pos = pmask.sum(-1, keepdim=True)
+
+        logits, cache = self._step(prompts, pmask, position_ids_from_mask(pmask), None)
+        for t in range(max_new_tokens):
+            logp = scaled_log_softmax(logits, temperature)
+            tok = sample_tokens(logp, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)
+            alive = ~finished
+            tok = torch.where(alive, tok, torch.full_like(tok, pad_token_id))
+            responses[:, t] = tok
+            log_probs[:, t] = torch.where(alive, logp.gather(-1, tok[:, None]).squeeze(-1), 0.0)
+            mask[:, plen + t] = alive.long()
+            if eos.numel():
+                finished = finished | torch.isin(tok, eos)
+            if t == max_new_tokens - 1 or bool(finished.all()):
+                break
+            logits, cache = self._step(tok[:, None], mask[:, : plen + t + 1], next_pos + t, cache)
+
+        response_mask = mask[:, plen:]
+        return {
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": mask,
+            "position_ids": position_ids_from_mask(mask),
+            "response_mask": response_mask,
+            "rollout_log_probs": log_probs,
+        }
+
+    # -- weights and memory ------------------------------------------------------------------------
+    @torch.no_grad()
+    def update_weights(self, stream: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy ``(HF name, full tensor)`` pairs into the model in place; returns how many were copied.
+
+        Tied parameters share storage, so either name updates both. A DTensor is gathered first
+        (a collective: every rank of its mesh must stream it).
+        """
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        params.update(dict(self.model.named_buffers()))
+        count = 0
+        for name, tensor in stream:
+            target = params.get(name)
+            if target is None:
+                raise RunError(f"update_weights: the rollout model has no parameter {name!r}")
+            if hasattr(tensor, "full_tensor"):
+                tensor = tensor.full_tensor()
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise RunError(
+                    f"update_weights: {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
+                )
+            target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+            count += 1
+        return count
+
+    def sleep(self) -> None:
+        """Free memory while training runs: weights go to CPU and the device cache is emptied.
+
+        On CPU there is nothing to move: the KV cache lives only inside ``generate``; this marks
+        the engine asleep so a stray ``generate`` fails loudly.
+        """
+        accel = _accel(self.device)
+        if accel is not None:
+            self.model.to("cpu")
+            if hasattr(accel, "empty_cache"):
+                accel.empty_cache()
+        self.asleep = True
+
+    def wake(self) -> None:
+        """Bring the weights back to the engine's device."""
+        if _accel(self.device) is not None:
+            self.model.to(self.device)
+        self.asleep = False

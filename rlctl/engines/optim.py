@@ -1,0 +1,71 @@
+"""Optimiser settings, the loss-scale contract and the LR schedule of the training engines."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW + warmup then constant or cosine decay to ``min_lr_ratio * lr``; ``grad_clip<=0`` disables."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    total_steps: int = 0
+    schedule: str = "constant"
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"optim.schedule must be 'constant' or 'cosine', got {self.schedule!r}")
+        if self.schedule == "cosine" and self.total_steps <= 0:
+            raise ValueError("optim.total_steps must be > 0 for the cosine schedule")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+
+
+@dataclass(frozen=True)
+class LossScale:
+    """Totals of one mini-batch over ALL micro-batches and DP ranks (all-reduced by the engine).
+
+    A loss function returns each micro-batch's exact share of the mini-batch loss, e.g. token-mean
+    ``sum(l * mask) / global_tokens * dp_size``; ``dp_size`` undoes the mean that FSDP's gradient
+    reduce-scatter takes over data-parallel ranks. The engine calls ``backward`` on it as is.
+    """
+
+    global_tokens: int
+    global_seqs: int
+    dp_size: int
+
+
+def lr_lambda(cfg: OptimConfig):
+    """Multiplier of the base LR at step ``s`` (0-based count of optimiser steps already taken)."""
+
+    def f(step: int) -> float:
+        if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.schedule == "constant":
+            return 1.0
+        span = max(1, cfg.total_steps - cfg.warmup_steps)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine
+
+    return f
+
+
+def build_optimizer(
+    params, cfg: OptimConfig
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over ``params`` and its LambdaLR schedule."""
+    opt = torch.optim.AdamW(
+        params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay
+    )
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))

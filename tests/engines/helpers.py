@@ -1,0 +1,95 @@
+"""Tiny local Qwen2 models and batches in the engines' convention (verl's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+VOCAB = 64
+PAD = 0
+EOS = 1
+
+
+def make_model(path: Path, *, tie: bool = False, seed: int = 0, layers: int = 2) -> Path:
+    """Save a random tiny Qwen2 causal LM to ``path`` and return it."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=tie,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=2,
+    )
+    model = Qwen2ForCausalLM(cfg)
+    # larger-than-default init so the distributions are far from uniform
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    model.save_pretrained(str(path))
+    return path
+
+
+def make_batch(
+    batch_size: int = 4, prompt_len: int = 6, resp_len: int = 5, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """Random left-padded prompts + right-padded responses with varying lengths."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(3, VOCAB, (batch_size, prompt_len), generator=g)
+    responses = torch.randint(3, VOCAB, (batch_size, resp_len), generator=g)
+    prompt_mask = torch.ones(batch_size, prompt_len, dtype=torch.long)
+    response_mask = torch.ones(batch_size, resp_len, dtype=torch.long)
+    for i in range(batch_size):
+        pl = 1 + (i * 3) % prompt_len
+        rl = 1 + (i * 2 + 1) % resp_len
+        prompt_mask[i, : prompt_len - pl] = 0
+        prompts[i, : prompt_len - pl] = PAD
+        response_mask[i, rl:] = 0
+        responses[i, rl:] = PAD
+        responses[i, rl - 1] = EOS if i % 2 == 0 else responses[i, rl - 1]
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    return {
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "responses": responses,
+        "response_mask": response_mask,
+    }
+
+
+def reference_log_probs(model, batch: dict[str, torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
+    """Plain HF forward, written out independently of the engine's helpers."""
+    r = batch["responses"].shape[1]
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+        ).logits
+    logits = logits[:, -r - 1 : -1].float() / temperature
+    logp = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    return torch.gather(logp, 2, batch["responses"][..., None]).squeeze(-1)
+
+
+def token_mean_loss(outputs, mb, scale):
+    """-log-prob token-mean over the whole mini-batch, this micro-batch's exact share."""
+    mask = mb["response_mask"].float()
+    loss = -(outputs["log_probs"] * mask).sum() / scale.global_tokens * scale.dp_size
+    return loss, {"loss": float(loss)}
+
+
+def seq_mean_loss(outputs, mb, scale):
+    """Per-sequence token-mean, then mean over all sequences of the mini-batch."""
+    mask = mb["response_mask"].float()
+    per_seq = -(outputs["log_probs"] * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    loss = per_seq.sum() / scale.global_seqs * scale.dp_size
+    return loss, {"loss": float(loss)}
