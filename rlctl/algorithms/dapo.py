@@ -1,0 +1,43 @@
+"""DAPO helpers: overlong reward shaping and the dynamic-sampling group filter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlctl.algorithms.advantages import group_ids
+from rlctl.errors import UserError
+
+
+def overlong_penalty(
+    response_lengths: torch.Tensor, max_len: int, buffer_len: int, penalty_factor: float = 1.0
+) -> torch.Tensor:
+    """DAPO's soft overlong punishment, added to each response's score (verl's DAPO reward manager).
+
+    With ``expected = max_len - buffer_len``: ``min(0, -(length - expected) / buffer_len * factor)``,
+    i.e. 0 up to ``expected``, falling linearly to ``-factor`` at ``max_len``.
+    """
+    if buffer_len <= 0:
+        raise UserError(f"overlong_buffer.len = {buffer_len}: expected a positive number")
+    if max_len < buffer_len:
+        raise UserError(f"overlong_buffer.len = {buffer_len}: must not exceed max response length {max_len}")
+    lengths = torch.as_tensor(response_lengths, dtype=torch.float32)
+    exceed = lengths - (max_len - buffer_len)
+    return torch.clamp(-exceed / buffer_len * penalty_factor, max=0.0)
+
+
+def groups_with_variance(
+    scores: torch.Tensor | np.ndarray, index: Any, keep_singletons: bool = True
+) -> torch.Tensor:
+    """Dynamic sampling's keep mask (batch,) bool: True for samples whose group's scores are not all
+    equal. Groups of one are kept by default, as in verl's DAPO trainer (``std > 0 or len == 1``)."""
+    values = torch.as_tensor(np.asarray(scores, dtype=np.float64))
+    gid, n_groups = group_ids(index, values.shape[0])
+    big = torch.full((n_groups,), float("inf"), dtype=values.dtype)
+    lo = big.scatter_reduce(0, gid, values, reduce="amin")
+    hi = (-big).scatter_reduce(0, gid, values, reduce="amax")
+    count = torch.zeros(n_groups, dtype=torch.long).index_add_(0, gid, torch.ones_like(gid))
+    keep = (hi > lo) | ((count == 1) & keep_singletons)
+    return keep[gid]
