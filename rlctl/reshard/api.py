@@ -1,0 +1,136 @@
+"""The calls engines make: train shards -> rollout tensors (and back), bucket by bucket."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+from rlctl.errors import UserError
+from rlctl.reshard.executor import RankExecutor, run_rank, torch_all_to_all
+from rlctl.reshard.layout import Layout, fsdp_layout, rollout_layout
+from rlctl.reshard.model import ModelSpec, spec_from_config
+from rlctl.reshard.plan import Plan, make_plan
+
+DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
+
+
+def _spec(config: Any, dtype: torch.dtype) -> ModelSpec:
+    if isinstance(config, ModelSpec):
+        return config if config.dtype == dtype else ModelSpec(**{**config.__dict__, "dtype": dtype})
+    return spec_from_config(config, dtype)
+
+
+def world_for(train_world: int, rollout_tp: int) -> int:
+    """Ranks taking part: ``max(p, q)``; ranks ``>= p`` hold no train shard (only when ``q > p``)."""
+    if train_world < 1 or rollout_tp < 1:
+        raise UserError(f"reshard: train world {train_world} and rollout tp {rollout_tp} must be >= 1")
+    world = max(train_world, rollout_tp)
+    if world % rollout_tp:
+        raise UserError(f"reshard: train world {train_world} is not a multiple of rollout tp {rollout_tp}")
+    return world
+
+
+@lru_cache(maxsize=32)
+def _cached_plan(
+    spec: ModelSpec, p: int, q: int, rank_order: str, fmt: str, bucket_bytes: int, reverse: bool
+) -> Plan:
+    world = world_for(p, q)
+    train: Layout = fsdp_layout(spec, p, world)
+    rollout = rollout_layout(spec, q, world, rank_order=rank_order, fmt=fmt)
+    itemsize = torch.empty((), dtype=spec.dtype).element_size()
+    return (
+        make_plan(rollout, train, itemsize, bucket_bytes)
+        if reverse
+        else make_plan(train, rollout, itemsize, bucket_bytes)
+    )
+
+
+def train_to_rollout_plan(
+    config: Any,
+    train_world: int,
+    rollout_tp: int,
+    *,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    rank_order: str = "contiguous",
+    fmt: str = "vllm",
+    dtype: torch.dtype = torch.bfloat16,
+    reverse: bool = False,
+) -> Plan:
+    """The (cached) plan from FSDP2 shards over ``train_world`` ranks to rollout TP ``rollout_tp``
+    (``reverse=True``: rollout -> train)."""
+    return _cached_plan(_spec(config, dtype), train_world, rollout_tp, rank_order, fmt, bucket_bytes, reverse)
+
+
+def reshard_train_to_rollout(
+    config: Any,
+    *,
+    train_world: int,
+    rank: int,
+    rollout_tp: int,
+    local_shards: Mapping[str, torch.Tensor],
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    group: object | None = None,
+    rank_order: str = "contiguous",
+    fmt: str = "vllm",
+    out: Mapping[str, torch.Tensor] | None = None,
+    stats: dict[str, int] | None = None,
+    dtype: torch.dtype | None = None,
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Yield this rank's rollout tensors bucket by bucket; every rank of ``group`` must iterate it.
+
+    ``local_shards``: HF name -> this rank's FSDP2 shard (plain tensor or DTensor). ``out``: optional
+    rollout name -> existing tensor to fill in place (e.g. the rollout engine's own parameters).
+    ``stats`` (optional dict) receives ``peak_extra_bytes`` and ``peak_buffer_bytes`` at the end.
+    ``dtype`` defaults to the shards' dtype (give it on ranks that hold no shard, when q > p).
+    """
+    dtype = dtype or (next(iter(local_shards.values())).dtype if local_shards else torch.bfloat16)
+    plan = train_to_rollout_plan(
+        config,
+        train_world,
+        rollout_tp,
+        bucket_bytes=bucket_bytes,
+        rank_order=rank_order,
+        fmt=fmt,
+        dtype=dtype,
+    )
+    if not 0 <= rank < plan.world:
+        raise UserError(f"reshard: rank {rank} outside world {plan.world}")
+    executor = RankExecutor(plan, rank, local_shards, dtype=dtype, out=out)
+    comm = torch_all_to_all(group) if plan.world > 1 else None
+    yield from run_rank(executor, comm)
+    if stats is not None:
+        stats["peak_extra_bytes"] = executor.meter.peak_total
+        stats["peak_buffer_bytes"] = executor.meter.peak_buffers
+
+
+def reshard_rollout_to_train(
+    config: Any,
+    *,
+    train_world: int,
+    rank: int,
+    rollout_tp: int,
+    local_rollout: Mapping[str, torch.Tensor],
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    group: object | None = None,
+    rank_order: str = "contiguous",
+    fmt: str = "vllm",
+    dtype: torch.dtype | None = None,
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The inverse move: rollout tensors -> FSDP2 dim-0 shards (HF names), bucket by bucket."""
+    dtype = dtype or (next(iter(local_rollout.values())).dtype if local_rollout else torch.bfloat16)
+    plan = train_to_rollout_plan(
+        config,
+        train_world,
+        rollout_tp,
+        bucket_bytes=bucket_bytes,
+        rank_order=rank_order,
+        fmt=fmt,
+        dtype=dtype,
+        reverse=True,
+    )
+    executor = RankExecutor(plan, rank, local_rollout, dtype=dtype)
+    comm = torch_all_to_all(group) if plan.world > 1 else None
+    yield from run_rank(executor, comm)
