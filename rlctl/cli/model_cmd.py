@@ -1,0 +1,38 @@
+"""``rlctl model``: build and list the built-in tiny models."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group()
+def model() -> None:
+    """Build the built-in tiny models (random weights + character tokenizer) locally."""
+
+
+@model.command("list")
+def list_() -> None:
+    """List the built-in tiny models and their shapes."""
+    from rlctl.models.tiny import TINY_MODELS
+
+    for name, spec in sorted(TINY_MODELS.items()):
+        click.echo(
+            f"{name:10s} hidden={spec.hidden_size} layers={spec.num_hidden_layers} "
+            f"heads={spec.num_attention_heads}/{spec.num_key_value_heads} "
+            f"ffn={spec.intermediate_size}  {spec.description}"
+        )
+
+
+@model.command("build")
+@click.argument("name")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random initialisation.")
+def build(name: str, out_dir: str, seed: int) -> None:
+    """Write NAME's config, random weights and tokenizer to --out (an HF model directory)."""
+    from rlctl.models.tiny import build_tiny_model, count_parameters
+
+    path = build_tiny_model(name, out_dir, seed=seed)
+    from transformers import AutoModelForCausalLM
+
+    n = count_parameters(AutoModelForCausalLM.from_pretrained(path))
+    click.echo(f"built {name} ({n:,} parameters, seed {seed}) in {path}")
