@@ -1,1 +1,33 @@
-"""rlctl.platforms."""
+"""Hardware platforms: what to run with on this host (backend, Ray resource, env, kernels, pins).
+
+Importing this package never imports torch, Ray or a vendor library; probes read files, package
+metadata and vendor SMI answers from child processes. Entry point: ``resolve_platform``.
+"""
+
+from rlctl.platforms.base import Candidate, Platform, ProbeResult
+from rlctl.platforms.host import Host
+from rlctl.platforms.pins import Facts, Pin, PinOutcome, evaluate_pin, load_pins
+from rlctl.platforms.resolve import (
+    BUILTINS,
+    ENTRY_POINT_GROUP,
+    Resolution,
+    known_platforms,
+    resolve_platform,
+)
+
+__all__ = [
+    "BUILTINS",
+    "ENTRY_POINT_GROUP",
+    "Candidate",
+    "Facts",
+    "Host",
+    "Pin",
+    "PinOutcome",
+    "Platform",
+    "ProbeResult",
+    "Resolution",
+    "evaluate_pin",
+    "known_platforms",
+    "load_pins",
+    "resolve_platform",
+]

@@ -1,0 +1,108 @@
+"""Huawei Ascend NPUs: HCCL collectives, Ray ``NPU`` resources, vllm-ascend rollout, NPU fused attention.
+
+Detection: ``/dev/davinci[0-9]*`` device files; CANN version from
+``$ASCEND_HOME_PATH/<arch>-linux/ascend_toolkit_install.info``; driver from
+``/usr/local/Ascend/driver/version.info``; NPUs from ``npu-smi info`` in a child process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlctl.platforms.base import Candidate, Platform, ProbeResult, choose
+
+DEFAULT_TOOLKIT = "/usr/local/Ascend/ascend-toolkit/latest"
+
+
+def _key_value(text: str | None, key: str) -> str | None:
+    """``version=8.3.RC1`` style lookup (case-insensitive key)."""
+    for line in (text or "").splitlines():
+        k, sep, v = line.partition("=")
+        if sep and k.strip().lower() == key.lower():
+            return v.strip()
+    return None
+
+
+class AscendPlatform(Platform):
+    """Ascend NPUs through CPU torch + torch_npu."""
+
+    name = "ascend"
+    dist_backend = "hccl"
+    ray_resource = "NPU"
+    device_type = "npu"
+    torch_flavours = ("cpu",)  # torch_npu extends a CPU build of torch
+    engine_order = ("vllm", "sglang", "hf")
+    engine_dists = {
+        "vllm": ("vllm", "vllm-ascend"),
+        "sglang": ("sglang",),
+        "hf": ("transformers", "torch-npu"),
+    }
+
+    def toolkit_home(self) -> str:
+        env = self.host.env
+        return env.get("ASCEND_HOME_PATH") or env.get("ASCEND_TOOLKIT_HOME") or DEFAULT_TOOLKIT
+
+    def cann_version(self) -> str | None:
+        for info in self.host.glob(self.toolkit_home(), "*-linux/ascend_toolkit_install.info"):
+            try:
+                v = _key_value(info.read_text(encoding="utf-8", errors="replace"), "version")
+            except OSError:
+                continue
+            if v:
+                return v
+        return None
+
+    def _probe(self) -> ProbeResult:
+        h = self.host
+        dev_files = [p.name for p in h.glob("/dev", "davinci[0-9]*")]
+        details: dict[str, Any] = {
+            "device_files": dev_files,
+            "cann_version": self.cann_version(),
+            "driver_version": _key_value(h.read("/usr/local/Ascend/driver/version.info"), "version"),
+        }
+        if not dev_files:
+            return ProbeResult(False, "no Ascend NPU: no /dev/davinci[0-9]* device files", details)
+        smi = h.query_smi("ascend")
+        if smi.get("ok"):
+            details["devices"] = smi.get("devices", [])
+            details["driver_version"] = details["driver_version"] or smi.get("driver_version")
+        else:
+            details["smi_error"] = smi.get("error", "unknown error")
+            details["devices"] = [{"index": i, "name": f} for i, f in enumerate(dev_files)]
+        names = sorted({str(d.get("name")) for d in details["devices"]})
+        return ProbeResult(
+            True,
+            f"{len(dev_files)} x /dev/davinci ({', '.join(names)}), CANN {details['cann_version'] or 'unknown'}",
+            details,
+        )
+
+    @property
+    def visible_devices_env(self) -> str:
+        return "ASCEND_RT_VISIBLE_DEVICES"
+
+    @property
+    def ray_noset_env(self) -> str:
+        return "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"
+
+    def attention_candidates(self) -> list[Candidate]:
+        npu = self.host.dists.get("torch-npu")
+        fa_pkg = self.host.dists.get("flash-attn")
+        if npu is None:
+            fa2 = (False, "torch_npu not installed (flash_attention_2 maps to npu_fusion_attention)")
+        else:
+            note = "; the flash_attn package itself is unsupported here" if fa_pkg else ""
+            fa2 = (True, f"torch_npu {npu.version}: transformers maps it to npu_fusion_attention{note}")
+        return choose(
+            [
+                ("flash_attention_2", *fa2),
+                ("sdpa", npu is not None, "torch SDPA on NPU" if npu else "torch_npu not installed"),
+                ("eager", True, "plain PyTorch attention, always available"),
+            ]
+        )
+
+    def supported_dtypes(self) -> list[str]:
+        names = [str(d.get("name", "")) for d in self.probe().details.get("devices", [])]
+        # Ascend 910A has no bfloat16; 910B/910C (and later) do
+        if names and all(n.upper() in ("910", "910A") or n.upper().startswith("910A") for n in names):
+            return ["float32", "float16"]
+        return ["float32", "float16", "bfloat16"]

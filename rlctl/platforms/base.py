@@ -1,0 +1,183 @@
+"""The ``Platform`` contract every vendor plugin (built-in or out-of-tree) implements.
+
+A platform answers, for one host: is my hardware here (``probe``), which collective backend,
+Ray resource, torch device and visible-devices variables to use, the environment for the
+rollout engine, which attention kernel and rollout engine to pick (each with the reason it was
+or wasn't chosen), which dtypes work and which version pins apply. Probes never import torch,
+Ray or vendor libraries in this process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from rlctl.platforms.host import Host
+from rlctl.platforms.pins import Facts, Pin, load_pins
+
+# rollout engine -> distributions it needs installed
+ENGINE_DISTS: dict[str, tuple[str, ...]] = {
+    "vllm": ("vllm",),
+    "sglang": ("sglang",),
+    "hf": ("transformers",),
+}
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Whether the platform's hardware is on this host, why, and what was read on the way."""
+
+    found: bool
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One option (attention kernel, rollout engine) and why it was or wasn't chosen."""
+
+    name: str
+    chosen: bool
+    reason: str
+
+
+def choose(options: list[tuple[str, bool, str]]) -> list[Candidate]:
+    """Mark the first usable option as chosen; the others say why not (or that one came first)."""
+    out: list[Candidate] = []
+    picked: str | None = None
+    for name, usable, reason in options:
+        if usable and picked is None:
+            picked = name
+            out.append(Candidate(name, True, reason))
+        elif usable:
+            out.append(Candidate(name, False, f"usable, but {picked} comes first ({reason})"))
+        else:
+            out.append(Candidate(name, False, reason))
+    return out
+
+
+class Platform:
+    """Base of all platforms. Subclasses set the class attributes and implement ``_probe``."""
+
+    name: ClassVar[str] = "base"
+    dist_backend: ClassVar[str] = "gloo"
+    ray_resource: ClassVar[str] = "CPU"
+    device_type: ClassVar[str] = "cpu"
+    torch_flavours: ClassVar[tuple[str, ...]] = ("cpu",)  # torch builds that work here
+    engine_order: ClassVar[tuple[str, ...]] = ("hf",)
+    engine_dists: ClassVar[dict[str, tuple[str, ...]]] = ENGINE_DISTS
+
+    def __init__(self, host: Host | None = None) -> None:
+        self.host = host if host is not None else Host()
+        self.resolution: Any = None  # set by resolve_platform: why this platform was chosen
+        self._probe_result: ProbeResult | None = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+    # ------------------------------------------------------------ probing
+    def probe(self, refresh: bool = False) -> ProbeResult:
+        """Cheap, safe detection; cached. Any exception becomes ``found=False`` with its text."""
+        if self._probe_result is None or refresh:
+            try:
+                self._probe_result = self._probe()
+            except Exception as exc:
+                self._probe_result = ProbeResult(False, f"probe crashed: {type(exc).__name__}: {exc}")
+        return self._probe_result
+
+    def _probe(self) -> ProbeResult:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ devices and env
+    @property
+    def visible_devices_env(self) -> str | None:
+        """Variable that restricts which devices a process sees (None on CPU)."""
+        return None
+
+    @property
+    def ray_noset_env(self) -> str | None:
+        """Ray's RAY_EXPERIMENTAL_NOSET_* variable that stops Ray setting the one above."""
+        return None
+
+    def rollout_env(self) -> dict[str, str]:
+        """Environment variables the rollout engine's processes need on this platform."""
+        return {}
+
+    def device_count(self) -> int:
+        """Devices seen by the probe (0 when not found; 1 for CPU)."""
+        return len(self.probe().details.get("devices", []))
+
+    # ------------------------------------------------------------ kernels and engines
+    def attention_candidates(self) -> list[Candidate]:
+        """Ordered transformers attention implementations, first usable one chosen."""
+        return choose([("sdpa", True, "torch SDPA"), ("eager", True, "always available")])
+
+    def attention_impl(self) -> str:
+        """The chosen transformers ``attn_implementation``."""
+        for c in self.attention_candidates():
+            if c.chosen:
+                return c.name
+        return "eager"
+
+    def rollout_engines(self) -> list[str]:
+        """Rollout engines in preference order on this platform."""
+        return list(self.engine_order)
+
+    def rollout_engine_candidates(self) -> list[Candidate]:
+        """Each rollout engine with whether it is installed; the first installed one is chosen."""
+        options = []
+        for name in self.engine_order:
+            needs = self.engine_dists.get(name, (name,))
+            missing = [d for d in needs if self.host.dists.get(d) is None]
+            if missing:
+                options.append((name, False, f"not installed ({', '.join(missing)} missing)"))
+            else:
+                versions = ", ".join(f"{d} {self.host.dists.version(d)}" for d in needs)
+                options.append((name, True, f"installed ({versions})"))
+        return choose(options)
+
+    def installed_rollout_engines(self) -> list[str]:
+        """The rollout engines whose distributions are installed, in preference order."""
+        return [c.name for c in self.rollout_engine_candidates() if not c.reason.startswith("not installed")]
+
+    def rollout_engine(self) -> str | None:
+        """The preferred installed rollout engine (None when none is installed)."""
+        return next((c.name for c in self.rollout_engine_candidates() if c.chosen), None)
+
+    def supported_dtypes(self) -> list[str]:
+        """torch dtype names usable for training/rollout on this platform's devices."""
+        return ["float32"]
+
+    # ------------------------------------------------------------ pins
+    @property
+    def pins(self) -> list[Pin]:
+        """The shipped pins that apply to this platform."""
+        return [p for p in load_pins() if p.applies_to(self.name)]
+
+    def facts(self, imports: dict[str, str] | None = None) -> Facts:
+        """What pins are evaluated against: installed dists, torch build, env, probe details."""
+        return Facts(
+            platform=self.name,
+            dists=self.host.dists,
+            torch=self.host.torch,
+            env=self.host.env,
+            details=self.probe().details,
+            imports=imports,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able summary (doctor prints it)."""
+        return {
+            "name": self.name,
+            "dist_backend": self.dist_backend,
+            "ray_resource": self.ray_resource,
+            "device_type": self.device_type,
+            "visible_devices_env": self.visible_devices_env,
+            "ray_noset_env": self.ray_noset_env,
+            "rollout_env": self.rollout_env(),
+            "attention_impl": self.attention_impl(),
+            "attention_candidates": [vars(c) for c in self.attention_candidates()],
+            "rollout_engines": self.rollout_engines(),
+            "rollout_engine_candidates": [vars(c) for c in self.rollout_engine_candidates()],
+            "supported_dtypes": self.supported_dtypes(),
+        }

@@ -1,0 +1,130 @@
+"""NVIDIA CUDA: NCCL collectives, Ray ``GPU`` resources, vLLM / SGLang rollout, FlashAttention.
+
+Detection reads the kernel module and device files, then asks NVML (nvidia-ml-py) in a child
+process for driver, CUDA driver version and devices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlctl.platforms.base import Candidate, Platform, ProbeResult, choose
+
+# NVML error codes worth a specific hint (nvml.h)
+NVML_HINTS = {
+    4: "no permission to the NVIDIA device files",
+    9: "the NVIDIA kernel driver is not loaded",
+    12: "libnvidia-ml.so.1 not found: driver not installed or not mounted into the container",
+    18: "driver/library version mismatch: the driver was upgraded under a running module; reboot",
+}
+
+
+class NvidiaPlatform(Platform):
+    """NVIDIA GPUs through CUDA torch."""
+
+    name = "nvidia"
+    dist_backend = "nccl"
+    ray_resource = "GPU"
+    device_type = "cuda"
+    torch_flavours = ("cuda",)
+    engine_order = ("vllm", "sglang", "hf")
+
+    def _probe(self) -> ProbeResult:
+        h = self.host
+        module = h.exists("/sys/module/nvidia") or h.exists("/proc/driver/nvidia/version")
+        dev_files = [p.name for p in h.glob("/dev", "nvidia[0-9]*")]
+        wsl = h.exists("/dev/dxg") and h.exists("/usr/lib/wsl/lib/libnvidia-ml.so.1")
+        details: dict[str, Any] = {"device_files": dev_files, "kernel_module": module}
+        if not (module or dev_files or wsl):
+            return ProbeResult(
+                False,
+                "no NVIDIA driver: /sys/module/nvidia and /proc/driver/nvidia absent, no /dev/nvidia[0-9]*",
+                details,
+            )
+        smi = h.query_smi("nvidia")
+        if not smi.get("ok"):
+            err = smi.get("error", "unknown error")
+            hint = NVML_HINTS.get(smi.get("code", -1), "")
+            details["smi_error"] = err + (f" ({hint})" if hint else "")
+            return ProbeResult(
+                True, f"NVIDIA driver files present but NVML failed: {details['smi_error']}", details
+            )
+        details.update({k: smi[k] for k in ("driver_version", "cuda_driver", "devices") if k in smi})
+        devs = smi.get("devices", [])
+        if not devs:
+            return ProbeResult(
+                False, f"NVIDIA driver {smi.get('driver_version')} loaded but NVML sees 0 GPUs", details
+            )
+        names = sorted({d.get("name", "?") for d in devs})
+        return ProbeResult(
+            True,
+            f"NVML: {len(devs)} x {', '.join(names)}, driver {smi.get('driver_version')} "
+            f"(CUDA {smi.get('cuda_driver')})",
+            details,
+        )
+
+    @property
+    def visible_devices_env(self) -> str:
+        return "CUDA_VISIBLE_DEVICES"
+
+    @property
+    def ray_noset_env(self) -> str:
+        return "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+
+    def rollout_env(self) -> dict[str, str]:
+        # cuMem allocations make NCCL-based weight sync into vLLM/SGLang hang (verl#7564)
+        return {"NCCL_CUMEM_ENABLE": "0"}
+
+    def compute_capability(self) -> tuple[int, int] | None:
+        """Lowest compute capability among the GPUs NVML reported (None when unknown)."""
+        ccs = [
+            tuple(d["compute_capability"])
+            for d in self.probe().details.get("devices", [])
+            if "compute_capability" in d
+        ]
+        return min(ccs) if ccs else None  # type: ignore[return-value]
+
+    def attention_candidates(self) -> list[Candidate]:
+        torch_cuda = self.host.torch.flavour == "cuda"
+        cc = self.compute_capability()
+        cc_txt = f"sm{cc[0]}{cc[1]}" if cc else "unknown compute capability"
+        fa2 = self.host.dists.get("flash-attn")
+        fa3 = self.host.dists.get("flash-attn-3") or self.host.dists.get("flash_attn_3")
+        no_torch = f"torch is a {self.host.torch.flavour} build, not CUDA"
+
+        def fa(dist: Any, dist_name: str, name: str, ok_cc: bool, need: str) -> tuple[str, bool, str]:
+            if dist is None:
+                return (
+                    name,
+                    False,
+                    f"{dist_name} package not installed",
+                )
+            if not torch_cuda:
+                return (name, False, no_torch)
+            if not ok_cc:
+                return (name, False, f"needs {need}, GPU is {cc_txt}")
+            return (name, True, f"flash-attn {dist.version} on {cc_txt}")
+
+        return choose(
+            [
+                fa(
+                    fa2,
+                    "flash-attn",
+                    "flash_attention_2",
+                    cc is not None and cc >= (8, 0),
+                    "sm80+ (Ampere or newer)",
+                ),
+                fa(fa3, "flash-attn-3", "flash_attention_3", cc is not None and cc[0] == 9, "sm90 (Hopper)"),
+                ("sdpa", torch_cuda, "torch SDPA (flash/mem-efficient kernels)" if torch_cuda else no_torch),
+                ("eager", True, "plain PyTorch attention, always available"),
+            ]
+        )
+
+    def supported_dtypes(self) -> list[str]:
+        cc = self.compute_capability()
+        out = ["float32", "float16"]
+        if cc is not None and cc >= (8, 0):
+            out.append("bfloat16")
+        if cc is not None and cc >= (8, 9):
+            out.append("float8_e4m3fn")
+        return out

@@ -1,0 +1,342 @@
+"""Version pins: loaded from ``pins.toml`` and evaluated against what is installed on the host.
+
+Evaluation is pure data -> outcome (``ok`` / ``violated`` / ``n/a`` / ``unknown`` with a reason),
+so doctor, the trainer's preflight and tests share one implementation.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from rlctl.errors import UserError
+from rlctl.platforms.dists import Dist, DistIndex, TorchBuild, parse_version
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "version": ("package", "spec"),
+    "own-requirement": ("package", "target"),
+    "same-base": ("package", "other"),
+    "cuda-driver": ("floors",),
+    "rocm": ("min",),
+    "rocm-arch": ("arch_min",),
+    "matrix": ("package", "rows"),
+    "env": ("variable", "value"),
+    "env-unset": ("variable",),
+    "wheel-flavour": ("package", "flavour"),
+    "forbidden": ("package",),
+    "import": ("package", "module"),
+}
+_COMMON = ("id", "kind", "source", "symptom", "fix")
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One pin: what must hold, where the fact comes from, and what breaks otherwise."""
+
+    id: str
+    kind: str
+    source: str
+    symptom: str
+    fix: str
+    severity: str = "fail"
+    platforms: tuple[str, ...] = ()
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def applies_to(self, platform: str) -> bool:
+        return not self.platforms or platform in self.platforms
+
+    @property
+    def package(self) -> str | None:
+        return self.params.get("package")
+
+
+@dataclass(frozen=True)
+class PinOutcome:
+    """``status``: ok | violated | n/a (does not apply here) | unknown (cannot tell)."""
+
+    status: str
+    reason: str
+
+
+@dataclass
+class Facts:
+    """What pins are checked against; built by the platform from its host and probe."""
+
+    platform: str
+    dists: DistIndex
+    torch: TorchBuild
+    env: Mapping[str, str]
+    details: Mapping[str, Any] = field(default_factory=dict)
+    imports: Mapping[str, str] | None = None  # module -> "" (imported) or error; None = not tried
+
+
+def parse_pins(text: str, origin: str = "pins.toml") -> list[Pin]:
+    """Parse and validate pin TOML; a malformed pin is a UserError naming the pin and key."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{origin}: not valid TOML: {exc}") from exc
+    pins: list[Pin] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(data.get("pin", [])):
+        where = f"{origin}: pin[{i}]" + (f" ({raw['id']})" if "id" in raw else "")
+        for key in _COMMON:
+            if not isinstance(raw.get(key), str) or not raw[key]:
+                raise UserError(f"{where}: key '{key}' must be a non-empty string")
+        kind = raw["kind"]
+        if kind not in _REQUIRED:
+            raise UserError(f"{where}: kind {kind!r} is not one of {', '.join(sorted(_REQUIRED))}")
+        for key in _REQUIRED[kind]:
+            if key not in raw:
+                raise UserError(f"{where}: kind {kind!r} needs key '{key}'")
+        if "spec" in raw:
+            try:
+                SpecifierSet(raw["spec"])
+            except InvalidSpecifier as exc:
+                raise UserError(f"{where}: spec {raw['spec']!r} is not a version specifier") from exc
+        severity = raw.get("severity", "fail")
+        if severity not in ("fail", "warn"):
+            raise UserError(f"{where}: severity {severity!r} must be 'fail' or 'warn'")
+        if raw["id"] in seen:
+            raise UserError(f"{where}: duplicate id {raw['id']!r}")
+        seen.add(raw["id"])
+        params = {k: v for k, v in raw.items() if k not in (*_COMMON, "severity", "platforms")}
+        pins.append(
+            Pin(
+                id=raw["id"],
+                kind=kind,
+                source=raw["source"],
+                symptom=raw["symptom"],
+                fix=raw["fix"],
+                severity=severity,
+                platforms=tuple(raw.get("platforms", ())),
+                params=params,
+            )
+        )
+    return pins
+
+
+@functools.lru_cache(maxsize=1)
+def load_pins() -> tuple[Pin, ...]:
+    """The pins shipped with rlctl (``rlctl/platforms/pins.toml``)."""
+    text = importlib.resources.files("rlctl.platforms").joinpath("pins.toml").read_text(encoding="utf-8")
+    return tuple(parse_pins(text, "rlctl/platforms/pins.toml"))
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def _contains(spec: str, version: str) -> bool:
+    v = parse_version(version)
+    return v is not None and SpecifierSet(spec).contains(v, prereleases=True)
+
+
+def _release3(version: str | None) -> tuple[int, ...] | None:
+    v = parse_version(version)
+    return (tuple(v.release) + (0, 0, 0))[:3] if v else None
+
+
+def _installed(facts: Facts, name: str) -> Dist | None:
+    return facts.dists.get(name)
+
+
+def _version(pin: Pin, f: Facts) -> PinOutcome:
+    d = _installed(f, pin.params["package"])
+    if d is None:
+        return PinOutcome("n/a", f"{pin.params['package']} is not installed")
+    if _contains(pin.params["spec"], d.version):
+        return PinOutcome("ok", f"{d.name} {d.version} satisfies {pin.params['spec']}")
+    return PinOutcome("violated", f"{d.name} {d.version} violates {pin.params['spec']}: {pin.symptom}")
+
+
+def _own_requirement(pin: Pin, f: Facts) -> PinOutcome:
+    pkg, target = pin.params["package"], pin.params["target"]
+    d, t = _installed(f, pkg), _installed(f, target)
+    if d is None:
+        return PinOutcome("n/a", f"{pkg} is not installed")
+    if t is None:
+        return PinOutcome("violated", f"{pkg} {d.version} needs {target}, which is not installed")
+    req = d.requirement_on(target, any_extra=True)
+    spec = str(req.specifier) if req is not None else pin.params.get("known", {}).get(d.version)
+    if not spec:
+        return PinOutcome("ok", f"{pkg} {d.version} declares no version constraint on {target}")
+    if _contains(spec, t.version):
+        return PinOutcome("ok", f"{pkg} {d.version} wants {target}{spec}; {t.version} installed")
+    return PinOutcome(
+        "violated",
+        f"{pkg} {d.version} wants {target}{spec} but {target} {t.version} is installed: {pin.symptom}",
+    )
+
+
+def _same_base(pin: Pin, f: Facts) -> PinOutcome:
+    a, b = _installed(f, pin.params["package"]), _installed(f, pin.params["other"])
+    if a is None:
+        return PinOutcome("n/a", f"{pin.params['package']} is not installed")
+    if b is None:
+        return PinOutcome("violated", f"{a.name} {a.version} is installed but {pin.params['other']} is not")
+    ra, rb = _release3(a.version), _release3(b.version)
+    if ra is None or rb is None:
+        return PinOutcome("unknown", f"cannot parse {a.name} {a.version} / {b.name} {b.version}")
+    if ra == rb:
+        return PinOutcome("ok", f"{a.name} {a.version} matches {b.name} {b.version}")
+    return PinOutcome(
+        "violated", f"{a.name} {a.version} != {b.name} {b.version} (base version): {pin.symptom}"
+    )
+
+
+def _cuda_driver(pin: Pin, f: Facts) -> PinOutcome:
+    major = f.torch.cuda_major
+    if major is None:
+        return PinOutcome("n/a", f"torch is a {f.torch.flavour} build (no CUDA)")
+    cuda_driver, driver = f.details.get("cuda_driver"), f.details.get("driver_version")
+    if not cuda_driver or not driver:
+        return PinOutcome("unknown", "no NVIDIA driver version known (NVML did not answer)")
+    problems = []
+    if int(str(cuda_driver).split(".")[0]) < major:
+        problems.append(
+            f"torch is built for CUDA {f.torch.cuda}, the driver supports only CUDA {cuda_driver}"
+        )
+    floor = pin.params["floors"].get(str(major))
+    if floor and _release3(driver) < _release3(floor):
+        problems.append(f"driver {driver} is below {floor}, the floor for CUDA {major}.x")
+    if problems:
+        return PinOutcome("violated", "; ".join(problems) + f": {pin.symptom}")
+    return PinOutcome("ok", f"driver {driver} (CUDA {cuda_driver}) runs torch's CUDA {f.torch.cuda}")
+
+
+def _rocm(pin: Pin, f: Facts) -> PinOutcome:
+    pkg = pin.params.get("package")
+    if pkg and _installed(f, pkg) is None:
+        return PinOutcome("n/a", f"{pkg} is not installed")
+    have = f.details.get("rocm_version")
+    if not have:
+        return PinOutcome("unknown", "ROCm version unknown (no /opt/rocm/.info/version)")
+    if _release3(have) >= _release3(pin.params["min"]):
+        return PinOutcome("ok", f"ROCm {have} >= {pin.params['min']}")
+    return PinOutcome("violated", f"ROCm {have} < {pin.params['min']}: {pin.symptom}")
+
+
+def _rocm_arch(pin: Pin, f: Facts) -> PinOutcome:
+    have, archs = f.details.get("rocm_version"), list(f.details.get("gfx_archs", []))
+    if not archs:
+        return PinOutcome("unknown", "no GPU arch found in /sys/class/kfd topology")
+    if not have:
+        return PinOutcome("unknown", f"ROCm version unknown for {', '.join(archs)}")
+    bad = [
+        f"{a} needs ROCm >= {pin.params['arch_min'][a]}"
+        for a in archs
+        if a in pin.params["arch_min"] and _release3(have) < _release3(pin.params["arch_min"][a])
+    ]
+    if bad:
+        return PinOutcome("violated", f"ROCm {have}: {'; '.join(bad)}: {pin.symptom}")
+    return PinOutcome("ok", f"ROCm {have} supports {', '.join(archs)}")
+
+
+def _matrix(pin: Pin, f: Facts) -> PinOutcome:
+    d = _installed(f, pin.params["package"])
+    if d is None:
+        return PinOutcome("n/a", f"{pin.params['package']} is not installed")
+    row = next((r for r in pin.params["rows"] if r.get(d.name) == d.version), None)
+    if row is None:
+        return PinOutcome("unknown", f"{d.name} {d.version} is not in rlctl's compatibility matrix")
+    bad = []
+    for name, want in row.items():
+        if name == d.name:
+            continue
+        have = f.details.get("cann_version") if name == "cann" else f.dists.version(name)
+        if name == "torch-npu" or name == "torch":
+            ok = have is not None and _release3(have) == _release3(want)
+        else:
+            ok = have == want
+        if not ok:
+            bad.append(f"{name} {have or 'missing'} (wants {want})")
+    if bad:
+        return PinOutcome("violated", f"{d.name} {d.version}: {', '.join(bad)}: {pin.symptom}")
+    return PinOutcome("ok", f"{d.name} {d.version} row matches")
+
+
+def _env(pin: Pin, f: Facts) -> PinOutcome:
+    var, want = pin.params["variable"], pin.params["value"]
+    have = f.env.get(var)
+    if have is None or have == want:
+        return PinOutcome("ok", f"{var} is {'unset' if have is None else want}")
+    return PinOutcome("violated", f"{var}={have} (expected {want} or unset): {pin.symptom}")
+
+
+def _env_unset(pin: Pin, f: Facts) -> PinOutcome:
+    var = pin.params["variable"]
+    if var in f.env:
+        return PinOutcome("violated", f"{var} is set: {pin.symptom}")
+    return PinOutcome("ok", f"{var} is unset")
+
+
+def _wheel_flavour(pin: Pin, f: Facts) -> PinOutcome:
+    d = _installed(f, pin.params["package"])
+    if d is None:
+        return PinOutcome("n/a", f"{pin.params['package']} is not installed")
+    v = parse_version(d.version)
+    local = (v.local or "") if v else ""
+    cuda_deps = [r.name for r in d.requirements() if r.name.lower().startswith(("nvidia-", "cupy-cuda"))]
+    want = pin.params["flavour"]
+    if want in local:
+        return PinOutcome("ok", f"{d.name} {d.version} is a {want} build")
+    if local.startswith("cu") or cuda_deps:
+        why = f"local tag +{local}" if local.startswith("cu") else f"requires {', '.join(cuda_deps[:2])}"
+        return PinOutcome("violated", f"{d.name} {d.version} is a CUDA build ({why}): {pin.symptom}")
+    return PinOutcome("unknown", f"{d.name} {d.version}: cannot tell its build flavour")
+
+
+def _forbidden(pin: Pin, f: Facts) -> PinOutcome:
+    d = _installed(f, pin.params["package"])
+    if d is None:
+        return PinOutcome("ok", f"{pin.params['package']} is not installed")
+    return PinOutcome("violated", f"{d.name} {d.version} is installed: {pin.symptom}")
+
+
+def _import(pin: Pin, f: Facts) -> PinOutcome:
+    d = _installed(f, pin.params["package"])
+    if d is None:
+        return PinOutcome("n/a", f"{pin.params['package']} is not installed")
+    if f.imports is None or pin.params["module"] not in f.imports:
+        return PinOutcome("unknown", f"import of {pin.params['module']} not tried (rlctl doctor --deep)")
+    err = f.imports[pin.params["module"]]
+    if not err:
+        return PinOutcome("ok", f"{pin.params['module']} imports")
+    return PinOutcome("violated", f"import {pin.params['module']} failed: {err}: {pin.symptom}")
+
+
+_EVAL: dict[str, Callable[[Pin, Facts], PinOutcome]] = {
+    "version": _version,
+    "own-requirement": _own_requirement,
+    "same-base": _same_base,
+    "cuda-driver": _cuda_driver,
+    "rocm": _rocm,
+    "rocm-arch": _rocm_arch,
+    "matrix": _matrix,
+    "env": _env,
+    "env-unset": _env_unset,
+    "wheel-flavour": _wheel_flavour,
+    "forbidden": _forbidden,
+    "import": _import,
+}
+
+
+def evaluate_pin(pin: Pin, facts: Facts) -> PinOutcome:
+    """Check one pin; never raises (an evaluation bug becomes ``unknown`` with the error)."""
+    if not pin.applies_to(facts.platform):
+        return PinOutcome("n/a", f"applies to {', '.join(pin.platforms)} only")
+    try:
+        return _EVAL[pin.kind](pin, facts)
+    except Exception as exc:  # keep doctor alive on odd metadata
+        return PinOutcome("unknown", f"could not evaluate: {type(exc).__name__}: {exc}")

@@ -1,0 +1,173 @@
+"""Choosing the platform: explicit vendor, then ``RLCTL_PLATFORM``, then one out-of-tree plugin,
+then the one built-in accelerator whose probe matches, CPU last.
+
+Every probe's answer is kept in a ``Resolution`` so ``rlctl doctor`` can say why a platform was
+chosen and why the others were not. Two matches at the same tier is a ``UserError``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlctl.errors import UserError
+from rlctl.platforms.ascend import AscendPlatform
+from rlctl.platforms.base import Platform, ProbeResult
+from rlctl.platforms.cpu import CpuPlatform
+from rlctl.platforms.host import Host
+from rlctl.platforms.nvidia import NvidiaPlatform
+from rlctl.platforms.rocm import RocmPlatform
+
+ENTRY_POINT_GROUP = "rlctl.platforms"
+ENV_VAR = "RLCTL_PLATFORM"
+
+BUILTINS: dict[str, type[Platform]] = {
+    "nvidia": NvidiaPlatform,
+    "rocm": RocmPlatform,
+    "ascend": AscendPlatform,
+    "cpu": CpuPlatform,
+}
+ALIASES = {"cuda": "nvidia", "amd": "rocm", "hip": "rocm", "npu": "ascend"}
+
+
+@dataclass
+class Resolution:
+    """Which platform, at which tier (explicit | env | plugin | builtin | fallback), and why."""
+
+    name: str
+    tier: str
+    reason: str
+    probes: dict[str, ProbeResult] = field(default_factory=dict)
+    plugin_errors: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "tier": self.tier,
+            "reason": self.reason,
+            "probes": {k: {"found": v.found, "reason": v.reason} for k, v in self.probes.items()},
+            "plugin_errors": dict(self.plugin_errors),
+        }
+
+
+Factory = Callable[..., Platform]
+
+
+def _plugin_entry_points(eps: Iterable[Any] | None) -> list[Any]:
+    if eps is not None:
+        return list(eps)
+    try:
+        return list(md.entry_points(group=ENTRY_POINT_GROUP))
+    except Exception:  # broken metadata somewhere on sys.path must not stop rlctl
+        return []
+
+
+def _load_plugins(eps: list[Any], host: Host) -> tuple[dict[str, Platform], dict[str, str]]:
+    """Instantiate each out-of-tree plugin; failures are kept as reasons, never raised."""
+    plugins: dict[str, Platform] = {}
+    errors: dict[str, str] = {}
+    for ep in eps:
+        try:
+            obj = ep.load()
+            plat = obj(host=host)
+            if not isinstance(plat, Platform):
+                raise TypeError(f"{ep.value} returned {type(plat).__name__}, not a rlctl Platform")
+            plugins[ep.name] = plat
+        except Exception as exc:
+            errors[ep.name] = (
+                f"plugin {ep.name} ({getattr(ep, 'value', '?')}) failed to load: {type(exc).__name__}: {exc}"
+            )
+    return plugins, errors
+
+
+def known_platforms(entry_points: Iterable[Any] | None = None) -> list[str]:
+    """Built-in names plus the names of registered out-of-tree plugins."""
+    return sorted(set(BUILTINS) | {ep.name for ep in _plugin_entry_points(entry_points)})
+
+
+def _select(name: str, source: str, host: Host, eps: list[Any], tier: str) -> Platform:
+    key = ALIASES.get(name.lower(), name.lower())
+    if key in BUILTINS:
+        plat: Platform = BUILTINS[key](host=host)
+        errors: dict[str, str] = {}
+    else:
+        plugins, errors = _load_plugins([ep for ep in eps if ep.name == key], host)
+        if key not in plugins:
+            if key in errors:
+                raise UserError(f"{source}: {errors[key]}")
+            known = ", ".join(sorted(set(BUILTINS) | {ep.name for ep in eps}))
+            raise UserError(f"{source}: unknown platform {name!r}; expected one of: auto, {known}")
+        plat = plugins[key]
+    plat.resolution = Resolution(key, tier, f"chosen because {source} = {name!r}", plugin_errors=errors)
+    return plat
+
+
+def resolve_platform(
+    vendor: str = "auto",
+    env: Mapping[str, str] | None = None,
+    *,
+    host: Host | None = None,
+    entry_points: Iterable[Any] | None = None,
+) -> Platform:
+    """The platform to run on; ``platform.resolution`` says why. Raises UserError on ambiguity.
+
+    ``vendor`` is the profile's ``platform.vendor``; ``env`` defaults to ``os.environ``;
+    ``host`` and ``entry_points`` let tests inject a fake machine and fake plugins.
+    """
+    env = dict(os.environ) if env is None else dict(env)
+    host = host if host is not None else Host(env=env)
+    eps = _plugin_entry_points(entry_points)
+    if vendor and vendor.lower() != "auto":
+        return _select(vendor, "platform.vendor", host, eps, "explicit")
+    from_env = env.get(ENV_VAR, "").strip()
+    if from_env and from_env.lower() != "auto":
+        return _select(from_env, ENV_VAR, host, eps, "env")
+
+    probes: dict[str, ProbeResult] = {}
+    plugins, errors = _load_plugins(eps, host)
+    for name, plat in plugins.items():
+        probes[f"plugin:{name}"] = plat.probe()
+    matched = [n for n, p in plugins.items() if p.probe().found]
+    if len(matched) > 1:
+        lines = "; ".join(f"{n}: {plugins[n].probe().reason}" for n in matched)
+        raise UserError(
+            f"{len(matched)} out-of-tree platform plugins match this host ({lines}); "
+            f"choose one with {ENV_VAR} or platform.vendor"
+        )
+    if matched:
+        plat = plugins[matched[0]]
+        plat.resolution = Resolution(
+            matched[0],
+            "plugin",
+            f"chosen because out-of-tree plugin matched: {plat.probe().reason}",
+            probes,
+            errors,
+        )
+        return plat
+
+    accel = {n: cls(host=host) for n, cls in BUILTINS.items() if n != "cpu"}
+    for n, p in accel.items():
+        probes[n] = p.probe()
+    found = [n for n, p in accel.items() if p.probe().found]
+    if len(found) > 1:
+        lines = "; ".join(f"{n}: {accel[n].probe().reason}" for n in found)
+        raise UserError(
+            f"{len(found)} built-in platforms match this host ({lines}); "
+            f"choose one with {ENV_VAR} or platform.vendor"
+        )
+    if found:
+        plat = accel[found[0]]
+        plat.resolution = Resolution(
+            found[0], "builtin", f"chosen because {plat.probe().reason}", probes, errors
+        )
+        return plat
+    cpu = CpuPlatform(host=host)
+    probes["cpu"] = cpu.probe()
+    others = "; ".join(f"{n}: {p.reason}" for n, p in probes.items() if n != "cpu")
+    cpu.resolution = Resolution(
+        "cpu", "fallback", f"chosen because no accelerator was found ({others})", probes, errors
+    )
+    return cpu

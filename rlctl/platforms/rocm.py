@@ -1,0 +1,166 @@
+"""AMD ROCm: NCCL API over RCCL, Ray ``GPU`` resources, ROCm vLLM / SGLang, CK or aiter kernels.
+
+Detection: ``/sys/module/amdgpu/initstate`` is ``live`` and ``/dev/kfd`` exists; GPU archs come
+from the KFD topology in sysfs, the ROCm version from ``/opt/rocm/.info/version``, device names
+from pyrsmi in a child process. ``amdsmi`` is never used (it crashes on hosts without ROCm).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlctl.platforms.base import Candidate, Platform, ProbeResult, choose
+from rlctl.platforms.dists import parse_version
+
+CK_ARCHS = ("gfx90a", "gfx942", "gfx950")  # archs the ROCm flash-attn CK backend builds for
+AITER_ARCHS = ("gfx942", "gfx950")
+FP8_ARCHS = ("gfx942", "gfx950")
+
+
+def gfx_name(target_version: int) -> str | None:
+    """KFD ``gfx_target_version`` -> arch name: 90402 -> gfx942, 90010 -> gfx90a, 0 -> None (CPU)."""
+    if target_version <= 0:
+        return None
+    major, minor, step = target_version // 10000, (target_version // 100) % 100, target_version % 100
+    return f"gfx{major}{minor}{step:x}"
+
+
+class RocmPlatform(Platform):
+    """AMD Instinct GPUs through ROCm (HIP) torch."""
+
+    name = "rocm"
+    dist_backend = "nccl"  # torch's nccl backend is RCCL in ROCm builds
+    ray_resource = "GPU"
+    device_type = "cuda"  # ROCm torch exposes HIP devices as torch.cuda
+    torch_flavours = ("rocm",)
+    engine_order = ("vllm", "sglang", "hf")
+
+    def rocm_path(self) -> str:
+        return self.host.env.get("ROCM_PATH") or "/opt/rocm"
+
+    def gfx_archs(self) -> list[str]:
+        """Distinct GPU archs in the KFD topology (CPU nodes have gfx_target_version 0)."""
+        archs: list[str] = []
+        for node in self.host.glob("/sys/class/kfd/kfd/topology/nodes", "*/properties"):
+            try:
+                text = node.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "gfx_target_version" and value.strip().isdigit():
+                    name = gfx_name(int(value))
+                    if name and name not in archs:
+                        archs.append(name)
+        return archs
+
+    def _probe(self) -> ProbeResult:
+        h = self.host
+        state = h.read("/sys/module/amdgpu/initstate")
+        kfd = h.exists("/dev/kfd")
+        details: dict[str, Any] = {
+            "amdgpu_initstate": state,
+            "kfd": kfd,
+            "rocm_version": h.read(f"{self.rocm_path()}/.info/version"),
+            "gfx_archs": self.gfx_archs(),
+        }
+        if details["rocm_version"]:
+            details["rocm_version"] = details["rocm_version"].split("-")[0]
+        if state != "live" or not kfd:
+            why = []
+            if state != "live":
+                why.append("amdgpu module not live" if state else "no /sys/module/amdgpu (amdgpu not loaded)")
+            if not kfd:
+                why.append("no /dev/kfd")
+            return ProbeResult(False, "no AMD ROCm GPU: " + ", ".join(why), details)
+        smi = h.query_smi("rocm")
+        if smi.get("ok"):
+            details["devices"] = smi.get("devices", [])
+        else:
+            details["smi_error"] = smi.get("error", "unknown error")
+            details["devices"] = [{"index": i, "name": a} for i, a in enumerate(details["gfx_archs"])]
+        archs = ", ".join(details["gfx_archs"]) or "unknown arch"
+        return ProbeResult(
+            True,
+            f"amdgpu live, /dev/kfd present, {archs}, ROCm {details['rocm_version'] or 'version unknown'}",
+            details,
+        )
+
+    def _ray_new(self) -> bool:
+        """Ray >= 2.45 uses HIP_VISIBLE_DEVICES (and refuses ROCR_VISIBLE_DEVICES)."""
+        v = parse_version(self.host.dists.version("ray"))
+        return v is None or v.release >= (2, 45)
+
+    @property
+    def visible_devices_env(self) -> str:
+        return "HIP_VISIBLE_DEVICES" if self._ray_new() else "ROCR_VISIBLE_DEVICES"
+
+    @property
+    def ray_noset_env(self) -> str:
+        return f"RAY_EXPERIMENTAL_NOSET_{self.visible_devices_env}"
+
+    def _aiter_usable(self) -> tuple[bool, str]:
+        aiter = self.host.dists.get("aiter") or self.host.dists.get("amd-aiter")
+        archs = self.probe().details.get("gfx_archs", [])
+        if aiter is None:
+            return False, "aiter not installed"
+        if not archs or not all(a in AITER_ARCHS for a in archs):
+            return (
+                False,
+                f"aiter needs {'/'.join(AITER_ARCHS)}, host has {', '.join(archs) or 'unknown arch'}",
+            )
+        return True, f"aiter {aiter.version} on {', '.join(archs)}"
+
+    def rollout_env(self) -> dict[str, str]:
+        env = {"NCCL_CUMEM_ENABLE": "0"}  # RCCL honours NCCL_* variables; same weight-sync hang
+        if self._aiter_usable()[0]:
+            env.update({"VLLM_ROCM_USE_AITER": "1", "SGLANG_USE_AITER": "1"})
+        return env
+
+    def attention_candidates(self) -> list[Candidate]:
+        torch_rocm = self.host.torch.flavour == "rocm"
+        no_torch = f"torch is a {self.host.torch.flavour} build, not ROCm"
+        fa = self.host.dists.get("flash-attn")
+        archs = self.probe().details.get("gfx_archs", [])
+        triton = self.host.env.get("FLASH_ATTENTION_TRITON_AMD_ENABLE", "").upper() == "TRUE"
+        if fa is None:
+            fa2 = (False, "ROCm flash-attn not installed")
+        elif not torch_rocm:
+            fa2 = (False, no_torch)
+        elif triton:
+            fa2 = (
+                True,
+                f"flash-attn {fa.version}, Triton AMD backend (FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE)",
+            )
+        elif archs and all(a in CK_ARCHS for a in archs):
+            fa2 = (True, f"flash-attn {fa.version}, CK backend on {', '.join(archs)}")
+        else:
+            fa2 = (
+                False,
+                f"CK backend supports {'/'.join(CK_ARCHS)}; set FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE",
+            )
+        return choose(
+            [
+                ("flash_attention_2", *fa2),
+                ("sdpa", torch_rocm, "torch SDPA on ROCm" if torch_rocm else no_torch),
+                ("eager", True, "plain PyTorch attention, always available"),
+            ]
+        )
+
+    def rollout_attention_candidates(self) -> list[Candidate]:
+        """vLLM attention backends on ROCm, in preference order."""
+        aiter_ok, aiter_why = self._aiter_usable()
+        return choose(
+            [
+                ("ROCM_AITER_FA", aiter_ok, aiter_why + (" (VLLM_ROCM_USE_AITER=1)" if aiter_ok else "")),
+                ("ROCM_ATTN", True, "vLLM's ROCm paged attention"),
+                ("TRITON_ATTN", True, "Triton attention, portable"),
+            ]
+        )
+
+    def supported_dtypes(self) -> list[str]:
+        archs = self.probe().details.get("gfx_archs", [])
+        out = ["float32", "float16", "bfloat16"]
+        if archs and all(a in FP8_ARCHS for a in archs):
+            out.append("float8_e4m3fnuz" if "gfx942" in archs else "float8_e4m3fn")
+        return out
