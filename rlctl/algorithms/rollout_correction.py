@@ -17,6 +17,8 @@ all-empty mask gives zeros instead of raising.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from rlctl.algorithms.masked import masked_mean, masked_sum
@@ -66,14 +68,22 @@ def rollout_is_weights(
 
     has_tokens = bool(mask.sum() > 0)
     bool_mask = mask.bool()
-    metrics = {
-        "rollout_is_mean": masked_mean(weights, mask).item(),
-        "rollout_is_max": weights.masked_fill(~bool_mask, float("-inf")).max().item() if has_tokens else 0.0,
-        "rollout_is_min": weights.masked_fill(~bool_mask, float("inf")).min().item() if has_tokens else 0.0,
-        "rollout_is_ratio_fraction_high": masked_mean((raw > threshold).to(mask.dtype), mask).item(),
-        "rollout_is_ratio_fraction_low": masked_mean((raw < lower).to(mask.dtype), mask).item(),
-        "kl": masked_mean(rollout_log_prob - old_log_prob, mask).item(),
-    }
+    metrics = {"rollout_is_mean": masked_mean(weights, mask).item()}
+    if level == "token":
+        metrics["rollout_is_max"] = (
+            weights.masked_fill(~bool_mask, -math.inf).max().item() if has_tokens else 0.0
+        )
+        metrics["rollout_is_min"] = (
+            weights.masked_fill(~bool_mask, math.inf).min().item() if has_tokens else 0.0
+        )
+        metrics["rollout_is_ratio_fraction_high"] = masked_mean((raw > threshold).to(mask.dtype), mask).item()
+        metrics["rollout_is_ratio_fraction_low"] = masked_mean((raw < lower).to(mask.dtype), mask).item()
+    else:  # verl: sequence stats from the unclamped per-sequence log-ratio, over all rows
+        metrics["rollout_is_max"] = math.exp(min(seq.max().item(), SAFETY_BOUND))
+        metrics["rollout_is_min"] = math.exp(seq.min().item())
+        metrics["rollout_is_ratio_fraction_high"] = (seq > math.log(threshold)).float().mean().item()
+        metrics["rollout_is_ratio_fraction_low"] = (seq < math.log(lower)).float().mean().item()
+    metrics["kl"] = masked_mean(rollout_log_prob - old_log_prob, mask).item()
     if mode == "mask":
         out = (raw < lower) | (raw > threshold)
         metrics["rollout_is_oob_ratio"] = masked_mean(out.to(mask.dtype), mask).item()
