@@ -53,6 +53,7 @@ class ConsoleBackend:
         self._tokens_s: float | None = None
         self._last_step: int | None = None
         self._last_wall: float | None = None
+        self._printed_step: int | None = None
         self._log = get_logger("rlctl.train", run=run_name) if run_name else get_logger("rlctl.train")
         self._progress = None
         if self.mode == "bar":
@@ -65,20 +66,15 @@ class ConsoleBackend:
             MofNCompleteColumn,
             Progress,
             TextColumn,
-            TimeElapsedColumn,
             TimeRemainingColumn,
         )
 
+        # fits 80 columns: name, bar, step/total, reward, val accuracy, s/step, time left
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
-            BarColumn(),
+            BarColumn(bar_width=12),
             MofNCompleteColumn(),
-            TextColumn("reward {task.fields[reward]}"),
-            TextColumn("acc {task.fields[acc]}"),
-            TextColumn("val {task.fields[val]}"),
-            TextColumn("{task.fields[sps]} s/step"),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
+            TextColumn("reward {task.fields[reward]} val {task.fields[val]} {task.fields[sps]} s/step"),
             TimeRemainingColumn(),
             console=console if console is not None else Console(stderr=True),
             transient=False,
@@ -88,7 +84,6 @@ class ConsoleBackend:
             total=self.total,
             completed=start_step,
             reward="-",
-            acc="-",
             val="-",
             sps="-",
         )
@@ -118,12 +113,15 @@ class ConsoleBackend:
                 self._task,
                 completed=min(step, self.total) if self.total else step,
                 reward=_fmt(self._reward),
-                acc=_fmt(self._acc),
                 val=_fmt(self._val),
                 sps=_fmt(self._s_per_step),
             )
             return
-        if step % self.every == 0 or step == self.total or VAL_KEY in metrics:
+        is_val = metrics.get(VAL_KEY) is not None
+        if is_val and step == self._printed_step:  # validation logged after this step's line
+            self._log.info("validation", step=f"{step}/{self.total}", val_acc=_fmt(self._val))
+        elif is_val or step % self.every == 0 or step == self.total:
+            self._printed_step = step
             fields: dict[str, Any] = {"step": f"{step}/{self.total}"}
             for name, value, digits in (
                 ("reward", self._reward, 3),

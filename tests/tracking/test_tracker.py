@@ -61,11 +61,16 @@ def test_console_lines_every_n_steps_last_step_and_validation(tmp_path):
             if step == 13:
                 metrics["val/accuracy"] = 0.625
             tr.log(metrics, step=step)
+            if step == 20:  # validation logged in its own call after the step's metrics
+                tr.log({"val/accuracy": 0.75}, step=step)
         tr.close()
+    vals = [e for e in logs if e["event"] == "validation"]
+    assert [(e["step"], e["val_acc"]) for e in vals] == [("20/25", "0.750")]
     lines = [e for e in logs if e["event"] == "progress"]
     assert [e["step"] for e in lines] == ["10/25", "13/25", "20/25", "25/25"]
     assert lines[-1]["reward"] == "1.000"
-    assert lines[-1]["val_acc"] == "0.625"
+    assert lines[1]["val_acc"] == "0.625"
+    assert lines[-1]["val_acc"] == "0.750"
     assert lines[-1]["s_per_step"] == "0.500"
     assert "val_acc" not in lines[0]
 
