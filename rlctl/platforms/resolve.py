@@ -166,8 +166,7 @@ def resolve_platform(
         return plat
     cpu = CpuPlatform(host=host)
     probes["cpu"] = cpu.probe()
-    others = "; ".join(f"{n}: {p.reason}" for n, p in probes.items() if n != "cpu")
     cpu.resolution = Resolution(
-        "cpu", "fallback", f"chosen because no accelerator was found ({others})", probes, errors
+        "cpu", "fallback", "chosen because no accelerator probe matched (CPU comes last)", probes, errors
     )
     return cpu

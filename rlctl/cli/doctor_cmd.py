@@ -1,0 +1,41 @@
+"""``rlctl doctor``: is this host ready for an RL run? Verdicts and fixes, table or JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from rlctl.log import get_logger
+
+
+@click.command(name="doctor")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON document to stdout (logs go to stderr)."
+)
+@click.option("--deep", is_flag=True, help="Also import engines, count devices, run a collective (slower).")
+@click.option(
+    "--vendor", default="auto", show_default=True, help="Platform to check (overrides RLCTL_PLATFORM)."
+)
+@click.option("--timeout", default=120.0, show_default=True, help="Seconds for each --deep child process.")
+@click.option("-v", "--verbose", is_flag=True, help="Show skipped optional packages and pins too.")
+@click.pass_context
+def doctor(ctx: click.Context, as_json: bool, deep: bool, vendor: str, timeout: float, verbose: bool) -> None:
+    """Check drivers, torch build, engines and version pins; exit 1 if anything FAILs."""
+    from rlctl.doctor.runner import render, run_doctor
+    from rlctl.platforms import resolve_platform
+
+    log = get_logger("rlctl.doctor")
+    platform = resolve_platform(vendor)
+    log.debug("platform resolved", platform=platform.name, reason=platform.resolution.reason)
+    if deep:
+        log.info("running deep checks", timeout_s=timeout)
+    report = run_doctor(platform, deep_checks=deep, timeout=timeout)
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
+    else:
+        from rich.console import Console
+
+        render(report, Console(), verbose=verbose)
+    ctx.exit(report.exit_code)

@@ -1,0 +1,188 @@
+"""Doctor checks about the host: chosen platform, machine, torch build, driver, kernels, env."""
+
+from __future__ import annotations
+
+import os
+import platform as _py
+import sys
+
+from rlctl.doctor.check import CheckResult, failed, passed, skipped, warned
+from rlctl.doctor.env_vars import relevant_env
+from rlctl.platforms import Platform
+
+TORCH_FIX = {
+    "nvidia": "install a CUDA build of torch, e.g. pip install torch --index-url https://download.pytorch.org/whl/cu128",
+    "rocm": "install a ROCm build of torch, e.g. pip install torch --index-url https://download.pytorch.org/whl/rocm6.3",
+    "ascend": "install the CPU build of torch that your torch_npu was built for",
+    "cpu": "pip install torch --index-url https://download.pytorch.org/whl/cpu",
+}
+DRIVER_FIX = {
+    "nvidia": "install/load the NVIDIA driver (nvidia-smi must work), or choose another platform with RLCTL_PLATFORM",
+    "rocm": "load the amdgpu driver and install ROCm (/dev/kfd must exist), or choose another platform",
+    "ascend": "install the Ascend driver and CANN (/dev/davinci* must exist), or choose another platform",
+}
+
+
+def check_platform(p: Platform) -> CheckResult:
+    """The chosen platform, why, and whether its hardware is actually here."""
+    res = p.resolution
+    why = res.reason if res is not None else "chosen by the caller"
+    probe = p.probe()
+    details = {"tier": getattr(res, "tier", None), "probe": probe.reason, **p.describe()}
+    if not probe.found:
+        fix = DRIVER_FIX.get(p.name, "run on a host with this platform's devices, or unset RLCTL_PLATFORM")
+        return failed("platform", f"{p.name} {why}, but {probe.reason}", fix, "platform", **details)
+    return passed("platform", f"{p.name} {why}", "platform", **details)
+
+
+def _meminfo_gib() -> float | None:
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 1024**2, 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return _py.processor() or _py.machine()
+
+
+def check_host() -> CheckResult:
+    """OS, Python, CPU and memory (informational; old Python warns)."""
+    mem = _meminfo_gib()
+    info = {
+        "os": _py.platform(),
+        "python": _py.python_version(),
+        "executable": sys.executable,
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": mem,
+    }
+    line = f"{info['os']}, Python {info['python']}, {info['cores']} x {info['cpu']}, {mem or '?'} GiB RAM"
+    return passed("host", line, "host", **info)
+
+
+def check_torch(p: Platform) -> CheckResult:
+    """torch's build flavour (read from torch/version.py, not imported) against the platform."""
+    tb = p.host.torch
+    details = {
+        "version": tb.version,
+        "flavour": tb.flavour,
+        "cuda": tb.cuda,
+        "hip": tb.hip,
+        "source": tb.source,
+    }
+    fix = TORCH_FIX.get(p.name, "install the torch build this platform needs")
+    if tb.version is None:
+        return failed("torch", "torch is not installed", fix, "torch", **details)
+    build = f"torch {tb.version} ({tb.flavour} build" + (f", CUDA {tb.cuda}" if tb.cuda else "")
+    build += f", HIP {tb.hip})" if tb.hip else ")"
+    if tb.flavour not in p.torch_flavours:
+        want = " or ".join(p.torch_flavours)
+        return failed("torch", f"{build}, but {p.name} needs a {want} build", fix, "torch", **details)
+    if p.name == "ascend":
+        npu = p.host.dists.get("torch-npu")
+        if npu is None:
+            return failed(
+                "torch", f"{build}, but torch_npu is not installed", "pip install torch-npu", "torch"
+            )
+        if p.host.env.get("TORCH_DEVICE_BACKEND_AUTOLOAD") == "0":
+            return warned(
+                "torch",
+                f"{build} + torch_npu {npu.version}, but TORCH_DEVICE_BACKEND_AUTOLOAD=0 stops torch_npu loading",
+                "unset TORCH_DEVICE_BACKEND_AUTOLOAD (or import torch_npu explicitly)",
+                "torch",
+                **details,
+            )
+        return passed("torch", f"{build} + torch_npu {npu.version}", "torch", **details)
+    return passed("torch", f"{build} fits {p.name}", "torch", **details)
+
+
+def check_driver(p: Platform) -> CheckResult:
+    """Driver and toolkit versions as the probe read them."""
+    if p.name == "cpu":
+        return skipped("driver", "no accelerator driver needed on CPU", "driver")
+    probe = p.probe()
+    d = probe.details
+    if not probe.found:
+        return skipped("driver", f"no {p.name} device found (see platform)", "driver", **d)
+    if d.get("smi_error"):
+        fix = DRIVER_FIX.get(p.name, "fix the vendor driver")
+        return failed("driver", f"{p.name} management library failed: {d['smi_error']}", fix, "driver", **d)
+    parts = []
+    for key, label in (("driver_version", "driver"), ("cuda_driver", "CUDA driver API"),
+                       ("rocm_version", "ROCm"), ("cann_version", "CANN")):  # fmt: skip
+        if d.get(key):
+            parts.append(f"{label} {d[key]}")
+    if p.name == "ascend" and not d.get("cann_version"):
+        return warned(
+            "driver", "CANN toolkit not found", "source set_env.sh of the CANN toolkit", "driver", **d
+        )
+    if p.name == "rocm" and not d.get("rocm_version"):
+        return warned(
+            "driver", "ROCm version not found (/opt/rocm/.info/version)", "install ROCm", "driver", **d
+        )
+    devs = d.get("devices", [])
+    return passed("driver", f"{len(devs)} device(s); " + ", ".join(parts), "driver", **d)
+
+
+def check_kernels(p: Platform) -> list[CheckResult]:
+    """The chosen attention implementation and rollout engine, with the others' reasons."""
+    att = p.attention_candidates()
+    chosen = next((c for c in att if c.chosen), None)
+    rows = [
+        passed(
+            "attention",
+            f"{p.attention_impl()}: {chosen.reason if chosen else 'fallback'}",
+            "kernels",
+            candidates=[vars(c) for c in att],
+        )
+    ]
+    eng = p.rollout_engine_candidates()
+    engine = p.rollout_engine()
+    if engine is None:
+        rows.append(
+            failed("rollout-engine", "no rollout engine installed", "pip install transformers", "kernels")
+        )
+    elif engine == "hf" and p.name != "cpu":
+        rows.append(
+            warned(
+                "rollout-engine",
+                f"only HF transformers rollout is installed; preferred order is {', '.join(p.rollout_engines())}",
+                "pip install 'rlctl[vllm]' (or sglang) for fast rollout",
+                "kernels",
+                candidates=[vars(c) for c in eng],
+            )
+        )
+    else:
+        reason = next(c.reason for c in eng if c.chosen)
+        rows.append(
+            passed("rollout-engine", f"{engine}: {reason}", "kernels", candidates=[vars(c) for c in eng])
+        )
+    return rows
+
+
+def check_env(p: Platform) -> list[CheckResult]:
+    """Variables that matter (secrets redacted) and the ones that are wrong for this platform."""
+    env = relevant_env(p.host.env)
+    rows = [
+        passed(
+            "env", f"{len(env)} relevant variable(s) set: {', '.join(env) or 'none'}", "env", variables=env
+        )
+    ]
+    vis = p.visible_devices_env
+    if vis and p.host.env.get(vis, None) == "":
+        rows.append(
+            warned("env:" + vis, f"{vis} is set but empty: no device is visible", f"unset {vis}", "env")
+        )
+    return rows

@@ -1,0 +1,107 @@
+"""Runs every doctor check for a platform and renders the report (rich table or JSON)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlctl.doctor import checks_host, checks_packages, deep
+from rlctl.doctor.check import CheckResult, Verdict, skipped
+from rlctl.platforms import Platform
+
+DEEP_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Report:
+    """The platform, its resolution and every check result; ``exit_code`` is 1 if any FAILed."""
+
+    platform: Platform
+    checks: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(c.verdict is Verdict.FAIL for c in self.checks) else 0
+
+    def counts(self) -> dict[str, int]:
+        return {v.value: sum(c.verdict is v for c in self.checks) for v in Verdict}
+
+    def to_dict(self) -> dict[str, Any]:
+        res = self.platform.resolution
+        return {
+            "platform": {
+                **self.platform.describe(),
+                "resolution": res.to_dict() if res is not None else None,
+                "probe": {
+                    "found": self.platform.probe().found,
+                    "reason": self.platform.probe().reason,
+                    "details": self.platform.probe().details,
+                },
+            },
+            "checks": [c.to_dict() for c in self.checks],
+            "summary": self.counts(),
+            "exit_code": self.exit_code,
+        }
+
+
+def run_doctor(platform: Platform, deep_checks: bool = False, timeout: float = DEEP_TIMEOUT_S) -> Report:
+    """All checks, in report order; ``deep_checks`` adds imports, device count and a collective."""
+    p = platform
+    rows: list[CheckResult] = [
+        checks_host.check_platform(p),
+        checks_host.check_host(),
+        checks_host.check_torch(p),
+        checks_host.check_driver(p),
+        *checks_host.check_kernels(p),
+    ]
+    imports = deep.try_imports(p, timeout) if deep_checks else None
+    rows += checks_packages.check_packages(p)
+    rows += checks_packages.check_pins(p, imports)
+    rows += checks_packages.check_consistency(p)
+    rows += checks_host.check_env(p)
+    if deep_checks:
+        assert imports is not None
+        rows += deep.check_imports(imports)
+        rows.append(deep.check_devices(p, timeout))
+        rows.append(deep.check_collective(p, timeout))
+    else:
+        rows.append(skipped("deep", "imports, device count and collective not run (use --deep)", "deep"))
+    return Report(p, rows)
+
+
+_STYLE = {Verdict.PASS: "green", Verdict.WARN: "yellow", Verdict.FAIL: "bold red", Verdict.SKIP: "dim"}
+
+
+def render(report: Report, console: Any, verbose: bool = False) -> None:
+    """A rich table: one row per check (SKIPped optional packages only with ``verbose``)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    p = report.platform
+    res = p.resolution
+    console.print(
+        f"[bold]platform[/bold]: {escape(p.name)} ({escape(res.reason) if res else 'given by caller'})"
+    )
+    console.print(
+        f"backend {p.dist_backend}, Ray resource {p.ray_resource}, device {p.device_type}, "
+        f"attention {p.attention_impl()}, rollout {p.rollout_engine() or 'none'}"
+    )
+    for name, probe in res.probes.items() if res is not None else []:
+        console.print(
+            f"  probe {name}: {'found' if probe.found else 'not found'}: {probe.reason}", highlight=False
+        )
+    table = Table(show_lines=False, expand=False)
+    for col in ("check", "verdict", "reason", "fix"):
+        table.add_column(col, overflow="fold")
+    for c in report.checks:
+        if not verbose and c.verdict is Verdict.SKIP and c.category in ("packages", "pins"):
+            continue
+        table.add_row(
+            escape(c.name), f"[{_STYLE[c.verdict]}]{c.verdict.value}[/]", escape(c.reason), escape(c.fix)
+        )
+    console.print(table)
+    n = report.counts()
+    console.print(
+        f"{n['PASS']} pass, {n['WARN']} warn, {n['FAIL']} fail, {n['SKIP']} skip"
+        + ("" if verbose else " (skipped optional packages and pins hidden; -v shows them)")
+    )
