@@ -7,6 +7,7 @@ run goes on without it and says so once (a missing dashboard must not cost a tra
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,7 @@ class WandbBackend:
         import wandb  # ImportError when wandb is missing
 
         id_file = Path(run_dir) / "wandb_id"
-        run_id = id_file.read_text().strip() if resume and id_file.exists() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if resume and id_file.exists() else secrets.token_hex(4)
         id_file.write_text(run_id + "\n")
         self._run: Any = wandb.init(
             project=os.environ.get("WANDB_PROJECT", "rlctl"),

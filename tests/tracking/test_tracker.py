@@ -122,3 +122,25 @@ def test_tensorboard_writes_scalars_when_installed(tmp_path):
     events = acc.Scalars("reward/score_mean")
     assert [(e.step, e.value) for e in events] == [(1, 0.5), (2, 1.0), (3, 1.5)]
     assert "actor/kl" not in acc.Tags()["scalars"]
+
+    # resume from step 1: the interrupted run's steps 2..3 are purged, the new ones replace them
+    with Tracker(tmp_path, ["tensorboard"], "run-a", {}, total_steps=5, resume=True, resume_step=1) as tr:
+        tr.log({"reward/score_mean": 9.0}, step=2)
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("reward/score_mean")] == [(1, 0.5), (2, 9.0)]
+
+
+def test_wandb_offline_run_is_continued_on_resume_when_installed(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")  # never reaches the network; mode comes from wandb's env
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    with _make(tmp_path, ["wandb", "jsonl"]) as tr:
+        assert list(tr.backends) == ["wandb", "jsonl"]
+        tr.log({"reward/score_mean": 0.5, "actor/kl": None}, step=1)
+    run_id = (tmp_path / "wandb_id").read_text().strip()
+    with Tracker(tmp_path, ["wandb"], "run-a", {}, total_steps=5, resume=True, resume_step=1) as tr:
+        tr.log({"reward/score_mean": 0.75}, step=2)
+    assert (tmp_path / "wandb_id").read_text().strip() == run_id
+    runs = sorted(p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(run_id) for name in runs)
