@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    GenerationConfig,
+    Qwen2Config,
+)
 
 from rlctl.errors import UserError
 from rlctl.models.tokenizer import build_char_tokenizer
@@ -87,6 +92,28 @@ def build_tiny_model(name: str, out_dir: str | Path, seed: int = 0) -> Path:
         pad_token_id=tokenizer.pad_token_id,
         do_sample=False,
     )
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def build_tiny_reward_model(name: str, out_dir: str | Path, seed: int = 0) -> Path:
+    """A tiny Qwen2 sequence-classification model (one score) with the character tokenizer.
+
+    Random weights: a stand-in reward model for tests and for wiring a reward-model role locally.
+    """
+    spec = get_spec(name)
+    out = Path(out_dir)
+    tokenizer = build_char_tokenizer(model_max_length=spec.max_position_embeddings)
+    config = tiny_config(
+        name, len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
+    )
+    config.num_labels = 1
+    config.architectures = ["Qwen2ForSequenceClassification"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

@@ -1,0 +1,66 @@
+"""Code-execution reward: run the response's Python in the sandbox against the row's tests.
+
+The program is the last fenced ```python block of the response, or the whole response when it
+has none. Ground truth is one of:
+- a string: test code (e.g. ``assert f(2) == 4``) run after the program;
+- ``{"tests": str}``: the same;
+- ``{"inputs": [str, ...], "outputs": [str, ...]}``: stdin/stdout cases, compared line by line
+  with trailing whitespace ignored.
+Score 1.0 iff every case passes within the sandbox limits; timeouts are reported.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rlctl.rewards.sandbox import SandboxLimits, run_python
+
+_FENCE = re.compile(r"```(?:python|py|python3)?[^\n]*\n(.*?)```", re.DOTALL)
+
+
+def extract_code(solution_str: str) -> str:
+    """The last fenced code block of the response, else the response itself."""
+    blocks = _FENCE.findall(solution_str)
+    return blocks[-1] if blocks else solution_str
+
+
+def _same_output(got: str, want: str) -> bool:
+    return [ln.rstrip() for ln in got.strip().splitlines()] == [
+        ln.rstrip() for ln in want.strip().splitlines()
+    ]
+
+
+def code_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: Any = None,
+    limits: SandboxLimits | None = None,
+) -> dict[str, Any]:
+    """``{"score", "acc", "passed", "total", "timed_out"}`` of the response's program."""
+    code = extract_code(solution_str)
+    if isinstance(ground_truth, dict) and "tests" in ground_truth:
+        ground_truth = ground_truth["tests"]
+    if isinstance(ground_truth, str):
+        res = run_python(f"{code}\n\n{ground_truth}\n", limits=limits)
+        passed = int(res.ok)
+        return {
+            "score": float(passed),
+            "acc": float(passed),
+            "passed": passed,
+            "total": 1,
+            "timed_out": res.timed_out,
+        }
+    if not isinstance(ground_truth, dict) or "inputs" not in ground_truth or "outputs" not in ground_truth:
+        raise ValueError("code ground_truth must be test code or {'inputs': [...], 'outputs': [...]}")
+    cases = list(zip(ground_truth["inputs"], ground_truth["outputs"], strict=True))
+    passed, timed_out = 0, False
+    for stdin, want in cases:
+        res = run_python(code, stdin=str(stdin), limits=limits)
+        timed_out = timed_out or res.timed_out
+        if not res.ok or not _same_output(res.stdout, str(want)):
+            break  # all-or-nothing: later cases cannot change the score
+        passed += 1
+    ok = float(passed == len(cases) and bool(cases))
+    return {"score": ok, "acc": ok, "passed": passed, "total": len(cases), "timed_out": timed_out}
