@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib import style
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import ScalarFormatter
+from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
 from rlctl.report.reader import Record
 from rlctl.report.summary import VAL_KEY, is_train_record, series, train_seconds_at
@@ -64,6 +64,8 @@ def _finish(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
+    if xlabel == "step":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     formatter = ax.yaxis.get_major_formatter()
     if isinstance(formatter, ScalarFormatter):
         formatter.set_useOffset(False)  # no "1e-14+1e-2" on flat series
@@ -135,7 +137,7 @@ def _single(
     fig = _figure(1, f"{title}: {run}")
     ax = fig.subplots()
     _line(ax, steps, values, key, color)
-    _finish(ax, title, "step", ylabel)
+    _finish(ax, key, "step", ylabel)
     return fig
 
 
