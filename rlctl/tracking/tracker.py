@@ -39,7 +39,7 @@ class Tracker:
         console_every: int = 10,
         console_mode: str = "auto",
         console: Any = None,
-        source: str = "tracking.loggers",
+        source: str = "trainer.loggers",
     ) -> None:
         unknown = [name for name in loggers if name not in VALID_LOGGERS]
         if unknown:

@@ -23,7 +23,7 @@ def test_unknown_logger_is_a_user_error_listing_valid_ones(tmp_path):
     with pytest.raises(UserError) as err:
         _make(tmp_path, ["jsonl", "mlflow"])
     msg = str(err.value)
-    assert "'mlflow'" in msg and "tracking.loggers" in msg
+    assert "'mlflow'" in msg and "trainer.loggers" in msg
     assert all(name in msg for name in VALID_LOGGERS)
     assert "\n" not in msg
 
