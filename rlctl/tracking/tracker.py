@@ -19,7 +19,7 @@ class Tracker:
     """Sends ``log(metrics, step)`` to every backend in ``loggers``.
 
     ``loggers`` is the profile's list, e.g. ``["console", "jsonl"]``; an unknown name is a
-    ``UserError``; ``tensorboard``/``wandb`` that are not installed warn once and are skipped.
+    ``UserError`` naming ``source`` (pass e.g. ``"profiles/x.toml: trainer.loggers"``); ``tensorboard``/``wandb`` that are not installed warn once and are skipped.
     ``resume=True`` continues the run directory's history; pass ``resume_step`` (the checkpoint's
     step) when known so records after it are dropped at once, otherwise they are dropped at the
     first ``log`` call. A backend that fails while logging is warned about and dropped, never
