@@ -40,7 +40,10 @@ class MemoryMeter:
 def _as2d(t: torch.Tensor) -> torch.Tensor:
     if t.dim() == 0:
         return t.reshape(1, 1)
-    return t.view(t.shape[0], -1) if t.is_contiguous() else t.reshape(t.shape[0], -1)
+    cols = 1
+    for d in t.shape[1:]:
+        cols *= d
+    return t.view(t.shape[0], cols) if t.is_contiguous() else t.reshape(t.shape[0], cols)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
