@@ -99,7 +99,12 @@ class FSDPTrainEngine:
         self.arch_name = type(model).__name__
         if activation_checkpointing:
             target = model.backbone if value_head else model
-            target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(target, "activation_checkpointing_enable"):  # transformers >= 5.x name
+                target.activation_checkpointing_enable(
+                    activation_checkpointing_kwargs={"use_reentrant": False}
+                )
+            else:
+                target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.to(self.device)
         self.distributed = dist.is_available() and dist.is_initialized()
         if self.distributed:

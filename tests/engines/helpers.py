@@ -84,7 +84,7 @@ def token_mean_loss(outputs, mb, scale):
     """-log-prob token-mean over the whole mini-batch, this micro-batch's exact share."""
     mask = mb["response_mask"].float()
     loss = -(outputs["log_probs"] * mask).sum() / scale.global_tokens * scale.dp_size
-    return loss, {"loss": float(loss)}
+    return loss, {"loss": float(loss.detach())}
 
 
 def seq_mean_loss(outputs, mb, scale):
@@ -92,4 +92,4 @@ def seq_mean_loss(outputs, mb, scale):
     mask = mb["response_mask"].float()
     per_seq = -(outputs["log_probs"] * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     loss = per_seq.sum() / scale.global_seqs * scale.dp_size
-    return loss, {"loss": float(loss)}
+    return loss, {"loss": float(loss.detach())}

@@ -1,0 +1,170 @@
+"""FSDPTrainEngine without torch.distributed: micro-batching, values, schedule, export, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlctl.engines.fsdp_train import FSDPTrainEngine, split_batch
+from rlctl.engines.optim import OptimConfig, lr_lambda
+from rlctl.errors import UserError
+from tests.engines.helpers import make_batch, make_model, reference_log_probs, seq_mean_loss, token_mean_loss
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("m") / "model", tie=False, seed=5)
+
+
+def _grads(engine) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in engine.model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("loss_fn", [token_mean_loss, seq_mean_loss], ids=["token-mean", "seq-mean"])
+def test_gradients_do_not_depend_on_micro_batch_size(model_dir, loss_fn):
+    batch = make_batch(8, prompt_len=7, resp_len=6, seed=11)
+    grads, norms = {}, {}
+    for mbs in (1, 2, 4, 3):
+        engine = FSDPTrainEngine(model_dir, micro_batch_size=mbs, optim=OptimConfig(lr=0.0, grad_clip=0.0))
+        norms[mbs] = engine.train_batch(batch, loss_fn)["grad_norm"]
+        grads[mbs] = _grads(engine)
+    ref = grads[8 // 8]
+    assert ref.norm() > 0
+    for mbs, g in grads.items():
+        assert (g - ref).norm() / ref.norm() <= 1e-6, mbs
+        assert abs(norms[mbs] - norms[1]) <= 1e-6 * norms[1]
+
+
+def test_loss_scale_totals_cover_the_whole_mini_batch(model_dir):
+    batch = make_batch(6, seed=2)
+    seen = []
+
+    def loss_fn(outputs, mb, scale):
+        seen.append((scale, mb["responses"].shape[0]))
+        return (outputs["log_probs"] * 0).sum(), {"rows": float(mb["responses"].shape[0])}
+
+    engine = FSDPTrainEngine(model_dir, micro_batch_size=4)
+    metrics = engine.train_batch(batch, loss_fn)
+    assert [rows for _, rows in seen] == [4, 2]
+    assert {s for s, _ in seen} == {seen[0][0]}
+    assert seen[0][0].global_tokens == int(batch["response_mask"].sum())
+    assert seen[0][0].global_seqs == 6 and seen[0][0].dp_size == 1
+    assert metrics["rows"] == 3.0  # averaged over micro-batches
+    assert metrics["grad_norm"] == 0.0
+
+
+def test_log_probs_and_entropy_match_a_plain_forward(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    batch = make_batch(5, seed=4)
+    engine = FSDPTrainEngine(model_dir, micro_batch_size=2)
+    out = engine.compute_log_prob(batch, temperature=0.7, with_entropy=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    ref = reference_log_probs(model, batch, 0.7)
+    mask = batch["response_mask"].bool()
+    assert torch.allclose(out["log_probs"][mask], ref[mask], atol=1e-5, rtol=0)
+    with torch.no_grad():
+        logits = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}).logits
+    p = torch.softmax(logits[:, -6:-1] / 0.7, -1)
+    ent = -(p * p.clamp_min(1e-30).log()).sum(-1)
+    assert torch.allclose(out["entropy"][mask], ent[mask], atol=1e-5, rtol=0)
+    # a different temperature changes the numbers (temperature is really applied)
+    assert not torch.allclose(engine.compute_log_prob(batch)["log_probs"][mask], ref[mask], atol=1e-3)
+
+
+def test_activation_checkpointing_gives_the_same_gradients(model_dir):
+    batch = make_batch(4, seed=6)
+    out = []
+    for ckpt in (False, True):
+        engine = FSDPTrainEngine(model_dir, micro_batch_size=2, activation_checkpointing=ckpt)
+        assert engine.model.is_gradient_checkpointing == ckpt
+        engine.train_batch(batch, token_mean_loss)
+        out.append(_grads(engine))
+    assert (out[0] - out[1]).norm() / out[0].norm() <= 1e-6
+
+
+def test_critic_values_train_and_export(model_dir, tmp_path):
+    from rlctl.engines.hf_model import load_value_model
+
+    batch = make_batch(4, seed=7)
+    target = torch.linspace(-1, 1, batch["responses"].shape[1]).expand_as(batch["response_mask"])
+
+    def value_loss(outputs, mb, scale):
+        mask = mb["response_mask"].float()
+        err = (outputs["values"] - target[: mask.shape[0]]) ** 2
+        loss = (err * mask).sum() / scale.global_tokens * scale.dp_size
+        return loss, {"vf_loss": float(loss.detach())}
+
+    critic = FSDPTrainEngine(model_dir, value_head=True, micro_batch_size=4, optim=OptimConfig(lr=3e-3))
+    before = critic.compute_values(batch)
+    assert before.shape == batch["response_mask"].shape
+    losses = [critic.train_batch(batch, value_loss)["vf_loss"] for _ in range(5)]
+    assert losses[-1] < losses[0]
+    critic.save_hf(tmp_path / "critic")
+    reloaded = load_value_model(tmp_path / "critic")
+    with torch.no_grad():
+        values = reloaded(batch["input_ids"], batch["attention_mask"], batch["position_ids"])[:, -6:-1]
+    assert torch.allclose(values, critic.compute_values(batch), atol=1e-6)
+    with pytest.raises(UserError, match="value_head"):
+        critic.compute_log_prob(batch)
+
+
+def test_full_export_streams_hf_names_and_save_hf_copies_tokenizer_files(model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    (model_dir / "tokenizer_config.json").write_text("{}")
+    engine = FSDPTrainEngine(model_dir)
+    names = [n for n, _ in engine.export_weights("full", dtype=torch.bfloat16)]
+    hf = AutoModelForCausalLM.from_pretrained(model_dir)
+    assert names == [n for n, _ in hf.named_parameters()]
+    assert all(t.dtype == torch.bfloat16 for _, t in engine.export_weights("full", dtype=torch.bfloat16))
+    engine.save_hf(tmp_path / "out")
+    assert (tmp_path / "out" / "tokenizer_config.json").is_file()
+    with pytest.raises(UserError, match="mode"):
+        list(engine.export_weights("bogus"))
+
+
+def test_lr_schedule_warmup_then_cosine():
+    f = lr_lambda(OptimConfig(lr=1.0, warmup_steps=2, total_steps=6, schedule="cosine", min_lr_ratio=0.1))
+    assert [round(f(s), 4) for s in range(7)] == [0.5, 1.0, 1.0, 0.8682, 0.55, 0.2318, 0.1]
+    const = lr_lambda(OptimConfig(warmup_steps=0))
+    assert const(0) == const(100) == 1.0
+    with pytest.raises(ValueError):
+        OptimConfig(schedule="linear")
+
+
+def test_engine_lr_follows_schedule(model_dir):
+    engine = FSDPTrainEngine(
+        model_dir, optim=OptimConfig(lr=0.1, warmup_steps=2, total_steps=4, schedule="cosine")
+    )
+    lrs = [engine.train_batch(make_batch(2), token_mean_loss)["lr"] for _ in range(3)]
+    assert lrs == pytest.approx([0.05, 0.1, 0.1])
+    assert engine.global_step == 3
+
+
+def test_bad_inputs_are_user_errors(model_dir, tmp_path):
+    with pytest.raises(UserError, match="config.json"):
+        FSDPTrainEngine(tmp_path / "missing")
+    with pytest.raises(UserError, match="dtype"):
+        FSDPTrainEngine(model_dir, dtype="float8")
+    with pytest.raises(UserError, match="micro_batch_size"):
+        FSDPTrainEngine(model_dir, micro_batch_size=0)
+    with pytest.raises(UserError, match="value_head"):
+        FSDPTrainEngine(model_dir).compute_values(make_batch(2))
+
+
+def test_split_batch_covers_every_row_once():
+    batch = {"a": torch.arange(7), "b": torch.arange(7) * 2}
+    parts = split_batch(batch, 3)
+    assert [len(p["a"]) for p in parts] == [3, 3, 1]
+    assert torch.equal(torch.cat([p["b"] for p in parts]), batch["b"])
+
+
+def test_offload_onload_are_noops_on_cpu(model_dir):
+    engine = FSDPTrainEngine(model_dir)
+    before = {k: v.clone() for k, v in engine.export_weights()}
+    engine.offload()
+    engine.onload()
+    assert all(torch.equal(before[k], v) for k, v in engine.export_weights())
