@@ -1,0 +1,37 @@
+"""Out-of-tree platform plugins used by the tests (loaded through real EntryPoint objects)."""
+
+from __future__ import annotations
+
+from rlctl.platforms import Platform, ProbeResult
+
+
+class AcmePlatform(Platform):
+    """A vendor whose probe finds its hardware wherever the ``ACME_DEVICES`` variable is set."""
+
+    name = "acme"
+    dist_backend = "gloo"
+    ray_resource = "ACME"
+    device_type = "cpu"
+    torch_flavours = ("cpu",)
+    engine_order = ("hf",)
+
+    def _probe(self) -> ProbeResult:
+        n = self.host.env.get("ACME_DEVICES")
+        if n:
+            return ProbeResult(True, f"ACME_DEVICES={n}", {"devices": [{"index": i} for i in range(int(n))]})
+        return ProbeResult(False, "ACME_DEVICES is not set")
+
+
+class ZetaPlatform(AcmePlatform):
+    name = "zeta"
+
+    def _probe(self) -> ProbeResult:
+        return ProbeResult(True, "zeta always matches")
+
+
+def broken_factory(host=None):
+    raise RuntimeError("vendor SDK missing")
+
+
+def not_a_platform(host=None):
+    return object()
