@@ -33,7 +33,10 @@ def groups_with_variance(
 ) -> torch.Tensor:
     """Dynamic sampling's keep mask (batch,) bool: True for samples whose group's scores are not all
     equal. Groups of one are kept by default, as in verl's DAPO trainer (``std > 0 or len == 1``)."""
-    values = torch.as_tensor(np.asarray(scores, dtype=np.float64))
+    if isinstance(scores, torch.Tensor):
+        values = scores.detach().to("cpu", torch.float64)
+    else:
+        values = torch.as_tensor(np.asarray(scores, dtype=np.float64))
     gid, n_groups = group_ids(index, values.shape[0])
     big = torch.full((n_groups,), float("inf"), dtype=values.dtype)
     lo = big.scatter_reduce(0, gid, values, reduce="amin")

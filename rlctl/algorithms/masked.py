@@ -11,14 +11,23 @@ from __future__ import annotations
 import torch
 
 
-def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Sum of ``values`` where ``mask`` is non-zero; NaN/inf outside the mask never leak in."""
+def masked_sum(
+    values: torch.Tensor, mask: torch.Tensor, dim: int | None = None, *, axis: int | None = None
+) -> torch.Tensor:
+    """Sum of ``values`` where ``mask`` is non-zero; NaN/inf outside the mask never leak in.
+
+    ``axis`` is accepted as verl's spelling of ``dim``.
+    """
+    dim = axis if dim is None else dim
     valid = torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
     return (valid * mask).sum() if dim is None else (valid * mask).sum(dim=dim)
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """verl's masked mean: ``masked_sum / (mask.sum() + 1e-8)``."""
+def masked_mean(
+    values: torch.Tensor, mask: torch.Tensor, dim: int | None = None, *, axis: int | None = None
+) -> torch.Tensor:
+    """verl's masked mean: ``masked_sum / (mask.sum() + 1e-8)`` (``axis`` = verl's name for ``dim``)."""
+    dim = axis if dim is None else dim
     count = mask.sum() if dim is None else mask.sum(dim=dim)
     return masked_sum(values, mask, dim) / (count + 1e-8)
 

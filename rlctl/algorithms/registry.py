@@ -54,6 +54,10 @@ class Registry:
             known = ", ".join(sorted(self._table))
             raise UserError(f"unknown {self.kind} {name!r}; registered: {known}") from None
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (tests, notebooks re-running a cell with ``override=False``)."""
+        self._table.pop(name, None)
+
     def names(self) -> list[str]:
         return sorted(self._table)
 
