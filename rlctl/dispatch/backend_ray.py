@@ -70,9 +70,10 @@ def fetch(parts: dict[int, Any]) -> dict[int, Any]:
 class RayHost(WorkerHost):
     """The host as a Ray actor: resolves lazy inputs with ``ray.get``; drops uncollected outputs."""
 
-    def run(self, role: str, method: str, args: tuple, kwargs: dict, keep: bool) -> Any:
-        out = self.call(role, method, args, kwargs, fetch=fetch)
-        return out if keep else None
+    def run(self, _rlctl_role: str, _rlctl_method: str, _rlctl_keep: bool, *args: Any, **kwargs: Any) -> Any:
+        """Arguments travel as top-level task arguments, so Ray resolves put ObjectRefs before the call."""
+        out = self.call(_rlctl_role, _rlctl_method, args, kwargs, fetch=fetch)
+        return out if _rlctl_keep else None
 
 
 class RayBackend:
@@ -139,7 +140,7 @@ class RayBackend:
         for r, (args, kwargs) in payloads.items():
             a = tuple(put(v) for v in args)
             k = {key: put(v) for key, v in kwargs.items()}
-            parts[r] = hosts[r].run.remote(info.role, info.method, a, k, r in keep)
+            parts[r] = hosts[r].run.remote(info.role, info.method, r in keep, *a, **k)
         return parts
 
     def gather(self, info: CallInfo, parts: dict[int, Any], wanted: list[int], timeout: float | None) -> dict:

@@ -127,6 +127,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def node_id() -> str | None:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_node_id()
+    except Exception:  # ray missing or not connected
+        pass
+    return None
+
+
 def node_ip() -> str:
     try:
         import ray
@@ -155,6 +166,7 @@ class WorkerHost:
         return {
             "pid": os.getpid(),
             "ip": node_ip(),
+            "node_id": None if self.in_process else node_id(),
             "hostname": socket.gethostname(),
             "free_port": free_port(),
         }

@@ -27,7 +27,9 @@ class EchoWorker(Worker):
         """Each output row says which rank made it (to check TP replication and representatives)."""
         n = len(batch)
         dp = self.mesh_coords.get("dp", 0)
-        return DataProto({"x": batch.batch["x"], "dp": torch.full((n,), dp), "rank": torch.full((n,), self.rank)})
+        return DataProto(
+            {"x": batch.batch["x"], "dp": torch.full((n,), dp), "rank": torch.full((n,), self.rank)}
+        )
 
     @register(Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def double_async(self, batch: DataProto) -> DataProto:
