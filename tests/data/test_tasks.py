@@ -1,0 +1,119 @@
+"""Built-in tasks: verifiers (correct / wrong / malformed), split determinism and disjointness."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rlctl.data.tasks import TASKS, get_task, task_for_source, verify_countdown
+from rlctl.errors import UserError
+
+
+def _keys(rows):
+    return {r["prompt"][0]["content"] for r in rows}
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_splits_are_disjoint_deterministic_and_seeded(name):
+    task = get_task(name)
+    train = task.rows("train", n=2000, seed=0)
+    val = task.rows("validation", n=200, seed=0)
+    assert len(train) == 2000 and len(val) == 200
+    assert not _keys(train) & _keys(val)
+    assert len(_keys(train)) == 2000  # no duplicate problems within a split
+    assert task.rows("validation", n=200, seed=0) == val
+    assert task.rows("validation", n=200, seed=1) != val
+    assert task_for_source(val[0]["data_source"]).name == name
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_reference_answers_verify_and_rows_follow_verl_schema(name):
+    task = get_task(name)
+    for row in task.rows("validation", n=100, seed=0):
+        assert row["data_source"] == f"rlctl/{name}"
+        assert row["reward_model"]["style"] == "rule"
+        assert row["prompt"][0]["role"] == "user"
+        truth = row["reward_model"]["ground_truth"]
+        assert task.verify(row["extra_info"]["answer"], truth) == 1.0
+        assert task.verify(row["extra_info"]["answer"] + "<|eos|>junk", truth) == 1.0
+        assert task.verify("", truth) == 0.0
+        assert task.verify("garbage ))(", truth) == 0.0
+
+
+@given(st.integers(10, 99), st.integers(10, 99))
+def test_two_digit_addition_prompt_and_answer_format(a, b):
+    task = get_task("addition")
+    assert (task.lo, task.hi) == (10, 99)
+    row = task.row_parts((a, b))
+    assert row[0] == f"{a}+{b}=" and row[1] == str(a + b)
+
+
+def test_addition_verifier_is_exact():
+    task = get_task("addition")
+    assert task.verify("46", "46") == 1.0
+    assert task.verify(" 46\n", "46") == 1.0
+    assert task.verify("47", "46") == 0.0
+    assert task.verify("046", "46") == 0.0
+    assert task.verify("46 7", "46") == 0.0
+    assert task.verify("the answer is 46", "46") == 0.0
+
+
+def test_addition_answers_are_short():
+    from rlctl.models import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    for row in get_task("addition").rows("validation", n=400):
+        assert len(tok(row["extra_info"]["answer"], add_special_tokens=False)["input_ids"]) + 1 <= 8
+
+
+def test_addition_digits_option_and_train_size_cap():
+    three = get_task("addition", digits=3).rows("validation", n=5)
+    assert all(len(r["prompt"][0]["content"]) == len("123+456=") for r in three)
+    one = get_task("addition", digits=1)
+    train, val = one.rows("train", n=1000), one.rows("validation", n=1000)
+    assert len(train) + len(val) == 100 and not _keys(train) & _keys(val)
+
+
+def test_reverse_and_sort():
+    rev, srt = get_task("reverse"), get_task("sort", length=4)
+    assert rev.row_parts("12345")[:2] == ("rev 12345=", "54321")
+    assert srt.row_parts("3141")[:2] == ("sort 3141=", "1134")
+    assert rev.verify("54321", "54321") == 1.0 and rev.verify("12345", "54321") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("answer", "score"),
+    [
+        ("(3+5)*2", 1.0),
+        ("2*(5+3)", 1.0),
+        ("(3+5)*2=16", 1.0),
+        ("(3+5)*2=17", 0.0),
+        ("3*5+2", 0.0),  # wrong value
+        ("(3+5)*2+0", 0.0),  # 0 is not one of the numbers
+        ("(3+3)*2", 0.0),  # 3 used twice, 5 unused
+        ("16", 0.0),  # numbers not used
+        ("3/(5-5)*2", 0.0),  # division by zero
+        ("__import__('os').system('true')", 0.0),
+        ("(3+5)**2", 0.0),  # power is not allowed
+        ("3.0*5+2", 0.0),
+        ("(3+5)*2" + "+0" * 500, 0.0),  # too long
+        ("((((3+5", 0.0),
+    ],
+)
+def test_countdown_verifier(answer, score):
+    assert verify_countdown(answer, 16, [3, 5, 2]) == score
+
+
+def test_countdown_division_is_exact():
+    assert verify_countdown("7/2*4", 14, [7, 2, 4]) == 1.0
+    assert verify_countdown("7/2", 3, [7, 2]) == 0.0
+
+
+def test_unknown_task_and_bad_options_are_user_errors():
+    with pytest.raises(UserError, match="unknown built-in task 'nope'"):
+        get_task("nope")
+    with pytest.raises(UserError, match="digits"):
+        get_task("addition", digits=0)
+    with pytest.raises(UserError, match="bad options"):
+        get_task("addition", colour="red")
