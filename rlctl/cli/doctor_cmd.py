@@ -37,5 +37,6 @@ def doctor(ctx: click.Context, as_json: bool, deep: bool, vendor: str, timeout: 
     else:
         from rich.console import Console
 
-        render(report, Console(), verbose=verbose)
+        # a wide console when piped (CI logs) so reasons are not chopped into 80 columns
+        render(report, Console(width=None if sys.stdout.isatty() else 200), verbose=verbose)
     ctx.exit(report.exit_code)

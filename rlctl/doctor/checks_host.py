@@ -23,6 +23,15 @@ DRIVER_FIX = {
 }
 
 
+def check_plugins(p: Platform) -> list[CheckResult]:
+    """Out-of-tree plugins that failed to load (they never stop resolution, but you should know)."""
+    errors = getattr(p.resolution, "plugin_errors", {}) or {}
+    return [
+        warned(f"plugin:{name}", err, "fix or uninstall the plugin's package", "platform")
+        for name, err in sorted(errors.items())
+    ]
+
+
 def check_platform(p: Platform) -> CheckResult:
     """The chosen platform, why, and whether its hardware is actually here."""
     res = p.resolution

@@ -49,6 +49,7 @@ def run_doctor(platform: Platform, deep_checks: bool = False, timeout: float = D
     p = platform
     rows: list[CheckResult] = [
         checks_host.check_platform(p),
+        *checks_host.check_plugins(p),
         checks_host.check_host(),
         checks_host.check_torch(p),
         checks_host.check_driver(p),
@@ -100,6 +101,10 @@ def render(report: Report, console: Any, verbose: bool = False) -> None:
             escape(c.name), f"[{_STYLE[c.verdict]}]{c.verdict.value}[/]", escape(c.reason), escape(c.fix)
         )
     console.print(table)
+    for c in report.checks:
+        if c.verdict is Verdict.FAIL:
+            fix = f" -> fix: {escape(c.fix)}" if c.fix else ""
+            console.print(f"[bold red]FAIL[/] {escape(c.name)}: {escape(c.reason)}{fix}", soft_wrap=True)
     n = report.counts()
     console.print(
         f"{n['PASS']} pass, {n['WARN']} warn, {n['FAIL']} fail, {n['SKIP']} skip"

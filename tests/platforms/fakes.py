@@ -13,7 +13,9 @@ from rlctl.platforms.host import Host
 from rlctl.platforms.smi import parse_npu_smi, query_nvml, query_rocml
 
 
-def make_dist(site: Path, name: str, version: str, requires: tuple[str, ...] = (), entry_points: str = "") -> Path:
+def make_dist(
+    site: Path, name: str, version: str, requires: tuple[str, ...] = (), entry_points: str = ""
+) -> Path:
     """A ``<name>-<version>.dist-info`` directory, as pip would leave it (METADATA only)."""
     d = site / f"{re.sub(r'[-.]+', '_', name)}-{version}.dist-info"
     d.mkdir(parents=True, exist_ok=True)
@@ -44,6 +46,8 @@ def base_stack(
     make_torch(site, torch, cuda=cuda, hip=hip)
     make_dist(site, "transformers", "4.57.0")
     make_dist(site, "ray", ray)
+    make_dist(site, "safetensors", "0.6.2")
+    make_dist(site, "tokenizers", "0.22.1")
 
 
 def touch(root: Path, abspath: str, text: str = "") -> None:
@@ -155,12 +159,16 @@ def nvidia_host(tmp: Path, pynvml_fake: FakePynvml | None = None, torch_cuda: st
     return Host(root=root, env=env or {}, path=[str(site)], smi=lambda v: smi[v]())
 
 
-def rocm_host(tmp: Path, arch_version: int = 90402, rocm: str = "6.3.1-48", env=None, ray: str = "2.60.0") -> Host:
+def rocm_host(
+    tmp: Path, arch_version: int = 90402, rocm: str = "6.3.1-48", env=None, ray: str = "2.60.0"
+) -> Host:
     root, site = tmp / "root", tmp / "site"
     touch(root, "/sys/module/amdgpu/initstate", "live\n")
     touch(root, "/dev/kfd")
     touch(root, "/opt/rocm/.info/version", rocm + "\n")
-    touch(root, "/sys/class/kfd/kfd/topology/nodes/0/properties", "cpu_cores_count 96\ngfx_target_version 0\n")
+    touch(
+        root, "/sys/class/kfd/kfd/topology/nodes/0/properties", "cpu_cores_count 96\ngfx_target_version 0\n"
+    )
     for n in (1, 2):
         touch(root, f"/sys/class/kfd/kfd/topology/nodes/{n}/properties",
               f"cpu_cores_count 0\nsimd_count 1216\ngfx_target_version {arch_version}\n")  # fmt: skip
@@ -186,4 +194,6 @@ def ascend_host(tmp: Path, cann: str = "8.3.RC1", env=None) -> Host:
 def cpu_host(tmp: Path, env=None) -> Host:
     (tmp / "root").mkdir(parents=True, exist_ok=True)
     base_stack(tmp / "site")
-    return Host(root=tmp / "root", env=env or {}, path=[str(tmp / "site")], smi=lambda v: {"ok": False, "error": "x"})
+    return Host(
+        root=tmp / "root", env=env or {}, path=[str(tmp / "site")], smi=lambda v: {"ok": False, "error": "x"}
+    )

@@ -140,7 +140,9 @@ def test_rocm_unlisted_arch_needs_triton_flash_attn(tmp_path):
     p = RocmPlatform(rocm_host(tmp_path, arch_version=110000))  # gfx1100 (RDNA3)
     assert p.attention_impl() == "sdpa"
     assert "FLASH_ATTENTION_TRITON_AMD_ENABLE" in p.attention_candidates()[0].reason
-    p2 = RocmPlatform(rocm_host(tmp_path, arch_version=110000, env={"FLASH_ATTENTION_TRITON_AMD_ENABLE": "TRUE"}))
+    p2 = RocmPlatform(
+        rocm_host(tmp_path, arch_version=110000, env={"FLASH_ATTENTION_TRITON_AMD_ENABLE": "TRUE"})
+    )
     assert p2.attention_impl() == "flash_attention_2"
     assert "Triton" in p2.attention_candidates()[0].reason
     assert "VLLM_ROCM_USE_AITER" not in p2.rollout_env()

@@ -68,7 +68,11 @@ def test_env_beats_probes_and_aliases_work(tmp_path):
 
 def test_unknown_vendor_lists_known_names(tmp_path):
     with pytest.raises(UserError) as err:
-        resolve_platform(env={"RLCTL_PLATFORM": "bogus"}, host=cpu_host(tmp_path), entry_points=[ep("acme", "AcmePlatform")])
+        resolve_platform(
+            env={"RLCTL_PLATFORM": "bogus"},
+            host=cpu_host(tmp_path),
+            entry_points=[ep("acme", "AcmePlatform")],
+        )
     msg = str(err.value)
     assert "RLCTL_PLATFORM" in msg and "'bogus'" in msg
     for name in ("cpu", "nvidia", "rocm", "ascend", "acme"):
@@ -93,12 +97,18 @@ def test_plugin_that_does_not_match_falls_through(tmp_path):
 def test_two_matching_plugins_is_an_error(tmp_path):
     host = cpu_host(tmp_path, env={"ACME_DEVICES": "1"})
     with pytest.raises(UserError) as err:
-        resolve_platform(env={}, host=host, entry_points=[ep("acme", "AcmePlatform"), ep("zeta", "ZetaPlatform")])
+        resolve_platform(
+            env={}, host=host, entry_points=[ep("acme", "AcmePlatform"), ep("zeta", "ZetaPlatform")]
+        )
     assert "acme: ACME_DEVICES=1" in str(err.value) and "zeta: zeta always matches" in str(err.value)
 
 
 def test_broken_plugins_are_kept_as_reasons_not_raised(tmp_path):
-    eps = [ep("bad", "broken_factory"), ep("odd", "not_a_platform"), EntryPoint("gone", "no_such_mod:X", GROUP)]
+    eps = [
+        ep("bad", "broken_factory"),
+        ep("odd", "not_a_platform"),
+        EntryPoint("gone", "no_such_mod:X", GROUP),
+    ]
     p = resolve_platform(env={}, host=cpu_host(tmp_path), entry_points=eps)
     assert p.name == "cpu"
     errs = p.resolution.plugin_errors
