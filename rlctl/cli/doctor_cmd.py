@@ -18,15 +18,34 @@ from rlctl.log import get_logger
 @click.option(
     "--vendor", default="auto", show_default=True, help="Platform to check (overrides RLCTL_PLATFORM)."
 )
+@click.option(
+    "--profile",
+    "profile_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Take platform.vendor from this profile (when --vendor is auto).",
+)
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds for each --deep child process.")
 @click.option("-v", "--verbose", is_flag=True, help="Show skipped optional packages and pins too.")
 @click.pass_context
-def doctor(ctx: click.Context, as_json: bool, deep: bool, vendor: str, timeout: float, verbose: bool) -> None:
+def doctor(
+    ctx: click.Context,
+    as_json: bool,
+    deep: bool,
+    vendor: str,
+    profile_path: str | None,
+    timeout: float,
+    verbose: bool,
+) -> None:
     """Check drivers, torch build, engines and version pins; exit 1 if anything FAILs."""
     from rlctl.doctor.runner import render, run_doctor
     from rlctl.platforms import resolve_platform
 
     log = get_logger("rlctl.doctor")
+    if profile_path and vendor == "auto":
+        from rlctl.profile import load_profile
+
+        vendor = load_profile(profile_path).platform.vendor
     platform = resolve_platform(vendor)
     log.debug("platform resolved", platform=platform.name, reason=platform.resolution.reason)
     if deep:

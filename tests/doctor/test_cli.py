@@ -116,3 +116,17 @@ def test_out_of_tree_plugin_via_real_entry_point(tmp_path):
     # and it is listed as a known name when something unknown is asked for
     proc = run(env={"RLCTL_PLATFORM": "nope"}, pythonpath=tmp_path)
     assert proc.returncode == 2 and "acme" in proc.stderr
+
+
+def test_profile_platform_vendor_is_used(tmp_path):
+    shipped = Path(__file__).resolve().parents[2] / "profiles" / "tiny-cpu.toml"
+    if not shipped.exists():
+        pytest.skip("profiles/tiny-cpu.toml not present")
+    prof = tmp_path / "p.toml"
+    prof.write_text(shipped.read_text().replace('vendor = "cpu"', 'vendor = "nvidia"'))
+    proc = run("--json", "--profile", str(prof))
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (
+        doc["platform"]["name"] == "nvidia" and "platform.vendor" in doc["platform"]["resolution"]["reason"]
+    )
