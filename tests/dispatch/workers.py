@@ -112,3 +112,22 @@ class BadInitWorker(Worker):
     def __init__(self) -> None:
         if self.rank == 1:
             raise RuntimeError("cannot load model on rank 1")
+
+
+class FileSignalWorker(Worker):
+    """Two groups that can only both finish if they run at the same time (one waits for the other)."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def wait_for(self, path: str, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if os.path.exists(path):
+                return True
+            time.sleep(0.05)
+        return False
+
+    @register(Dispatch.ONE_TO_ALL)
+    def touch(self, path: str) -> int:
+        with open(path, "w") as f:
+            f.write("x")
+        return os.getpid()
