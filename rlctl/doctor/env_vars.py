@@ -1,11 +1,12 @@
 """Environment variables that matter to an RL run, with secrets redacted.
 
 A variable whose name contains TOKEN, KEY, SECRET or PASSWORD is never printed: its value is
-replaced by ``<redacted>`` before it reaches any output.
+replaced by ``<redacted>`` before it reaches any output, and ``user:pass@`` in URLs is stripped.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
@@ -25,10 +26,18 @@ def is_secret(name: str) -> bool:
     return any(m in upper for m in SECRET_MARKERS)
 
 
+_URL_USERINFO = re.compile(r"(://)[^/@\s]+@")
+
+
+def redact_value(value: str) -> str:
+    """Strip ``user:password@`` from URLs inside a value (e.g. an HF_ENDPOINT with credentials)."""
+    return _URL_USERINFO.sub(r"\1<redacted>@", value)
+
+
 def relevant_env(env: Mapping[str, str]) -> dict[str, str]:
     """The variables that matter, sorted, secret values redacted."""
     out: dict[str, str] = {}
     for name in sorted(env):
         if name.startswith(PREFIXES) or name in NAMES:
-            out[name] = REDACTED if is_secret(name) else env[name]
+            out[name] = REDACTED if is_secret(name) else redact_value(env[name])
     return out

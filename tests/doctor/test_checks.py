@@ -161,3 +161,11 @@ def test_redaction_property(prefix, marker, value):
     assert out[name] == REDACTED and value not in json.dumps(out).replace("NCCL_DEBUG", "").replace(
         "INFO", ""
     )
+
+
+def test_url_credentials_in_values_are_redacted():
+    out = relevant_env(
+        {"HF_ENDPOINT": "https://bob:hunter2@mirror.example/hf", "RAY_ADDRESS": "ray://10.0.0.1:10001"}
+    )
+    assert out["HF_ENDPOINT"] == "https://<redacted>@mirror.example/hf"
+    assert out["RAY_ADDRESS"] == "ray://10.0.0.1:10001"

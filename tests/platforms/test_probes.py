@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import sys
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from rlctl.platforms.ascend import AscendPlatform
 from rlctl.platforms.cpu import CpuPlatform
 from rlctl.platforms.host import Host
@@ -197,3 +200,8 @@ def test_cpu_platform(tmp_path):
     assert p.rollout_engines() == ["hf"] and p.rollout_engine() == "hf"
     assert p.rollout_env() == {}
     assert all(pin.applies_to("cpu") for pin in p.pins)
+
+
+@given(major=st.integers(8, 12), minor=st.integers(0, 9), step=st.integers(0, 15))
+def test_gfx_name_matches_llvm_target_spelling(major, minor, step):
+    assert gfx_name(major * 10000 + minor * 100 + step) == f"gfx{major}{minor}{step:x}"
