@@ -10,10 +10,13 @@ Ray or vendor libraries in this process.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rlctl.platforms.host import Host
 from rlctl.platforms.pins import Facts, Pin, load_pins
+
+if TYPE_CHECKING:
+    from rlctl.platforms.resolve import Resolution
 
 # rollout engine -> distributions it needs installed
 ENGINE_DISTS: dict[str, tuple[str, ...]] = {
@@ -69,7 +72,7 @@ class Platform:
 
     def __init__(self, host: Host | None = None) -> None:
         self.host = host if host is not None else Host()
-        self.resolution: Any = None  # set by resolve_platform: why this platform was chosen
+        self.resolution: Resolution | None = None  # set by resolve_platform: why it was chosen
         self._probe_result: ProbeResult | None = None
 
     def __repr__(self) -> str:
@@ -138,7 +141,11 @@ class Platform:
 
     def installed_rollout_engines(self) -> list[str]:
         """The rollout engines whose distributions are installed, in preference order."""
-        return [c.name for c in self.rollout_engine_candidates() if not c.reason.startswith("not installed")]
+        return [
+            name
+            for name in self.engine_order
+            if all(self.host.dists.get(d) is not None for d in self.engine_dists.get(name, (name,)))
+        ]
 
     def rollout_engine(self) -> str | None:
         """The preferred installed rollout engine (None when none is installed)."""
