@@ -22,6 +22,9 @@ DRIVER_FIX = {
     "ascend": "install the Ascend driver and CANN (/dev/davinci* must exist), or choose another platform",
 }
 
+SMI_TOOL = {"nvidia": "nvidia-ml-py", "rocm": "pyrsmi (pip install 'rlctl[rocm]')", "ascend": "npu-smi"}
+MISSING_TOOL = ("ModuleNotFoundError", "not found on PATH")
+
 
 def check_plugins(p: Platform) -> list[CheckResult]:
     """Out-of-tree plugins that failed to load (they never stop resolution, but you should know)."""
@@ -125,9 +128,15 @@ def check_driver(p: Platform) -> CheckResult:
     d = probe.details
     if not probe.found:
         return skipped("driver", f"no {p.name} device found (see platform)", "driver", **d)
-    if d.get("smi_error"):
+    err = d.get("smi_error")
+    if err and any(m in err for m in MISSING_TOOL):
+        tool = SMI_TOOL.get(p.name, "the vendor SMI tool")
+        return warned(
+            "driver", f"device files found; {tool} unavailable: {err}", f"install {tool}", "driver", **d
+        )
+    if err:
         fix = DRIVER_FIX.get(p.name, "fix the vendor driver")
-        return failed("driver", f"{p.name} management library failed: {d['smi_error']}", fix, "driver", **d)
+        return failed("driver", f"{p.name} management library failed: {err}", fix, "driver", **d)
     parts = []
     for key, label in (("driver_version", "driver"), ("cuda_driver", "CUDA driver API"),
                        ("rocm_version", "ROCm"), ("cann_version", "CANN")):  # fmt: skip

@@ -38,9 +38,9 @@ class RocmPlatform(Platform):
     def rocm_path(self) -> str:
         return self.host.env.get("ROCM_PATH") or "/opt/rocm"
 
-    def gfx_archs(self) -> list[str]:
-        """Distinct GPU archs in the KFD topology (CPU nodes have gfx_target_version 0)."""
-        archs: list[str] = []
+    def kfd_gpus(self) -> list[str]:
+        """The arch of every GPU node in the KFD topology (CPU nodes have gfx_target_version 0)."""
+        gpus: list[str] = []
         for node in self.host.glob("/sys/class/kfd/kfd/topology/nodes", "*/properties"):
             try:
                 text = node.read_text(encoding="utf-8", errors="replace")
@@ -50,9 +50,13 @@ class RocmPlatform(Platform):
                 key, _, value = line.partition(" ")
                 if key == "gfx_target_version" and value.strip().isdigit():
                     name = gfx_name(int(value))
-                    if name and name not in archs:
-                        archs.append(name)
-        return archs
+                    if name:
+                        gpus.append(name)
+        return gpus
+
+    def gfx_archs(self) -> list[str]:
+        """Distinct GPU archs on this host, in topology order."""
+        return list(dict.fromkeys(self.kfd_gpus()))
 
     def _probe(self) -> ProbeResult:
         h = self.host
@@ -74,11 +78,11 @@ class RocmPlatform(Platform):
                 why.append("no /dev/kfd")
             return ProbeResult(False, "no AMD ROCm GPU: " + ", ".join(why), details)
         smi = h.query_smi("rocm")
-        if smi.get("ok"):
-            details["devices"] = smi.get("devices", [])
+        if smi.get("ok") and smi.get("devices"):
+            details["devices"] = smi["devices"]
         else:
-            details["smi_error"] = smi.get("error", "unknown error")
-            details["devices"] = [{"index": i, "name": a} for i, a in enumerate(details["gfx_archs"])]
+            details["smi_error"] = smi.get("error") or "pyrsmi found no AMD GPU"
+            details["devices"] = [{"index": i, "name": a} for i, a in enumerate(self.kfd_gpus())]
         archs = ", ".join(details["gfx_archs"]) or "unknown arch"
         return ProbeResult(
             True,

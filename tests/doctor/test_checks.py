@@ -169,3 +169,15 @@ def test_url_credentials_in_values_are_redacted():
     )
     assert out["HF_ENDPOINT"] == "https://<redacted>@mirror.example/hf"
     assert out["RAY_ADDRESS"] == "ray://10.0.0.1:10001"
+
+
+def test_missing_optional_smi_library_only_warns(tmp_path):
+    from rlctl.platforms.rocm import RocmPlatform
+
+    host = rocm_host(tmp_path)
+    host.smi = lambda v: {"ok": False, "error": "ModuleNotFoundError: No module named 'pyrsmi'"}
+    row = by_name(run_doctor(RocmPlatform(host)))["driver"]
+    assert row.verdict is Verdict.WARN and "pyrsmi" in row.fix
+    host2 = rocm_host(tmp_path / "b")
+    host2.smi = lambda v: {"ok": False, "error": "RuntimeError: AMD SMI initialization failed: busy"}
+    assert by_name(run_doctor(RocmPlatform(host2)))["driver"].verdict is Verdict.FAIL

@@ -205,3 +205,12 @@ def test_cpu_platform(tmp_path):
 @given(major=st.integers(8, 12), minor=st.integers(0, 9), step=st.integers(0, 15))
 def test_gfx_name_matches_llvm_target_spelling(major, minor, step):
     assert gfx_name(major * 10000 + minor * 100 + step) == f"gfx{major}{minor}{step:x}"
+
+
+def test_rocm_smi_failure_falls_back_to_kfd_topology(tmp_path):
+    host = rocm_host(tmp_path)
+    host.smi = lambda v: {"ok": False, "error": "RuntimeError: AMD GPU driver not initialized."}
+    p = RocmPlatform(host)
+    probe = p.probe()
+    assert probe.found and "driver not initialized" in probe.details["smi_error"]
+    assert p.device_count() == 2 and probe.details["devices"][0]["name"] == "gfx942"
