@@ -122,6 +122,10 @@ class Platform:
                 return c.name
         return "eager"
 
+    def rollout_attention_candidates(self) -> list[Candidate]:
+        """vLLM attention backends in preference order (empty where vLLM does not run)."""
+        return []
+
     def rollout_engines(self) -> list[str]:
         """Rollout engines in preference order on this platform."""
         return list(self.engine_order)
@@ -184,6 +188,7 @@ class Platform:
             "rollout_env": self.rollout_env(),
             "attention_impl": self.attention_impl(),
             "attention_candidates": [vars(c) for c in self.attention_candidates()],
+            "rollout_attention_candidates": [vars(c) for c in self.rollout_attention_candidates()],
             "rollout_engines": self.rollout_engines(),
             "rollout_engine_candidates": [vars(c) for c in self.rollout_engine_candidates()],
             "supported_dtypes": self.supported_dtypes(),

@@ -120,6 +120,23 @@ class NvidiaPlatform(Platform):
             ]
         )
 
+    def rollout_attention_candidates(self) -> list[Candidate]:
+        """vLLM attention backends on NVIDIA, in preference order."""
+        cc = self.compute_capability()
+        fi = self.host.dists.get("flashinfer-python")
+        return choose(
+            [
+                ("FLASH_ATTN", cc is None or cc >= (8, 0), "vLLM's FlashAttention kernels (sm80+)"),
+                (
+                    "FLASHINFER",
+                    fi is not None,
+                    f"flashinfer {fi.version}" if fi else "flashinfer-python not installed",
+                ),
+                ("TRITON_ATTN", True, "Triton attention, portable"),
+                ("FLEX_ATTENTION", True, "torch flex attention"),
+            ]
+        )
+
     def supported_dtypes(self) -> list[str]:
         cc = self.compute_capability()
         out = ["float32", "float16"]

@@ -214,3 +214,11 @@ def test_rocm_smi_failure_falls_back_to_kfd_topology(tmp_path):
     probe = p.probe()
     assert probe.found and "driver not initialized" in probe.details["smi_error"]
     assert p.device_count() == 2 and probe.details["devices"][0]["name"] == "gfx942"
+
+
+def test_nvidia_vllm_attention_backends(tmp_path):
+    p = NvidiaPlatform(nvidia_host(tmp_path, FakePynvml(names=["Tesla T4"], cc=(7, 5))))
+    cands = p.rollout_attention_candidates()
+    assert [c.name for c in cands] == ["FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION"]
+    assert not cands[0].chosen and cands[2].chosen  # no FlashAttention on sm75, no flashinfer installed
+    assert CpuPlatform(cpu_host(tmp_path / "c")).rollout_attention_candidates() == []

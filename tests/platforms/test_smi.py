@@ -7,6 +7,8 @@ import pytest
 from rlctl.platforms.smi import parse_npu_smi, query_nvml, query_rocml, run_smi
 from tests.platforms.fakes import NPU_SMI_INFO, FakePynvml, FakeRocml
 
+pytestmark = pytest.mark.timeout(120)
+
 
 def test_nvml_answer():
     fake = FakePynvml(names=["NVIDIA H200", "NVIDIA H200"])
