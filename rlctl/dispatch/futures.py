@@ -9,12 +9,13 @@ chunks exactly as the driver would have.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlctl.dispatch.mesh import Mesh
-from rlctl.dispatch.proto import DataProto
+from rlctl.dispatch.proto import DataProto, borrowing
 
 
 @dataclass
@@ -46,8 +47,15 @@ class DispatchFuture:
     def get(self, timeout: float | None = None) -> Any:
         """Wait for all ranks (raising WorkerError for the first failure), then collect."""
         if not self._done:
-            values = self._backend.gather(self.info, self.parts, self.collect_ranks, timeout or self.timeout)
-            self._value = self.collect_fn(self.mesh, values)
+            # collect functions that copy their parts anyway (concat) may read them in place
+            borrow = (
+                borrowing() if getattr(self.collect_fn, "copies_parts", False) else contextlib.nullcontext()
+            )
+            with borrow:
+                values = self._backend.gather(
+                    self.info, self.parts, self.collect_ranks, timeout or self.timeout
+                )
+                self._value = self.collect_fn(self.mesh, values)
             self._done = True
         return self._value
 

@@ -193,6 +193,9 @@ def collect_dp_proto(mesh: Mesh, outputs: dict[int, Any]) -> Any:
     raise TypeError(f"DP_COMPUTE_PROTO methods must return DataProto (or None) on every rank, got {kinds}")
 
 
+collect_dp_proto.copies_parts = True  # concat allocates: the driver may unpickle parts without copying
+
+
 def collect_dp_metrics(mesh: Mesh, outputs: dict[int, Any]) -> list[Any]:
     return [outputs[r] for r in mesh.representatives()]
 

@@ -19,7 +19,10 @@ zero-copy alias of Ray's shared, immutable object store would let an in-place op
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+import contextvars
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,19 +52,40 @@ def _pack_tensor(t: torch.Tensor) -> tuple:
         return ("torch", t.clone())
 
 
-def _unpack_tensor(packed: tuple) -> torch.Tensor:
+_BORROW = contextvars.ContextVar("rlctl_dataproto_borrow", default=False)
+
+
+@contextlib.contextmanager
+def borrowing() -> Iterator[None]:
+    """Unpickle DataProtos without copying their tensors out of the (read-only) source buffers.
+
+    Only for code that copies right after, like the driver's collect (``concat`` always allocates
+    when a part is borrowed); the borrowed parts must not be handed to user code.
+    """
+    token = _BORROW.set(True)
+    try:
+        yield
+    finally:
+        _BORROW.reset(token)
+
+
+def _unpack_tensor(packed: tuple, borrow: bool) -> torch.Tensor:
     kind = packed[0]
     if kind == "torch":
         return packed[1]
-    arr = np.array(packed[1], copy=True)  # own, writable memory (see module docstring)
-    t = torch.from_numpy(arr)
+    if borrow:
+        with warnings.catch_warnings():  # non-writable numpy: fine, nobody writes before concat copies
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(packed[1])
+    else:
+        t = torch.from_numpy(np.array(packed[1], copy=True))  # own, writable memory (see module docstring)
     return t.view(torch.bfloat16) if kind == "bf16" else t
 
 
 class DataProto:
     """Named tensors + non-tensor columns + meta, all indexed by sample (the first dimension)."""
 
-    __slots__ = ("batch", "non_tensor", "meta")
+    __slots__ = ("batch", "non_tensor", "meta", "_borrowed")
 
     def __init__(
         self,
@@ -72,6 +96,7 @@ class DataProto:
         self.batch: dict[str, torch.Tensor] = dict(batch or {})
         self.non_tensor: dict[str, np.ndarray] = {k: _to_np_column(v) for k, v in (non_tensor or {}).items()}
         self.meta: dict[str, Any] = dict(meta or {})
+        self._borrowed = False
         self._check()
 
     # ---- construction ------------------------------------------------------------------------
@@ -210,9 +235,9 @@ class DataProto:
                 raise ValueError(
                     f"DataProto.concat: part {i} has columns {sorted(p.keys())}, part 0 has {sorted(first.keys())}"
                 )
-        if len(parts) == 1:
+        if len(parts) == 1 and not first._borrowed:
             return DataProto(dict(first.batch), dict(first.non_tensor), first.meta)
-        batch = {k: torch.cat([p.batch[k] for p in parts]) for k in first.batch}
+        batch = {k: _cat([p.batch[k] for p in parts]) for k in first.batch}
         nt = {k: np.concatenate([p.non_tensor[k] for p in parts]) for k in first.non_tensor}
         return DataProto(batch, nt, first.meta)
 
@@ -285,14 +310,34 @@ class DataProto:
         }
 
     def __setstate__(self, state: dict) -> None:
-        self.batch = {k: _unpack_tensor(v) for k, v in state["batch"].items()}
+        borrow = _BORROW.get()
+        self.batch = {k: _unpack_tensor(v, borrow) for k, v in state["batch"].items()}
         self.non_tensor = {k: np.array(v, copy=True) for k, v in state["non_tensor"].items()}
         self.meta = state["meta"]
+        self._borrowed = borrow
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the tensor columns (non-tensor columns are not counted)."""
         return sum(v.numel() * v.element_size() for v in self.batch.values())
+
+
+def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat, through numpy for plain CPU tensors (np.concatenate is ~3x faster there: a memcpy)."""
+    t0 = tensors[0]
+    if t0.device.type != "cpu" or any(t.requires_grad or t.dtype != t0.dtype for t in tensors):
+        return torch.cat(tensors)
+    try:
+        if t0.dtype == torch.bfloat16:
+            arrs = [t.view(torch.int16).numpy() for t in tensors]
+            return torch.from_numpy(np.concatenate(arrs)).view(torch.bfloat16)
+        return torch.from_numpy(np.concatenate([t.numpy() for t in tensors]))
+    except (
+        TypeError,
+        RuntimeError,
+        ValueError,
+    ):  # dtypes numpy cannot view, or shape mismatch: let torch say
+        return torch.cat(tensors)
 
 
 def _np_equal(a: np.ndarray, b: np.ndarray) -> bool:

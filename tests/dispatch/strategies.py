@@ -20,6 +20,8 @@ def data_protos(draw, min_rows: int = 0, max_rows: int = 23, with_non_tensor: bo
     if draw(st.booleans()):
         batch["mask"] = torch.rand(n, 3, generator=g) > 0.5
     if draw(st.booleans()):
+        batch["strided"] = torch.randn(2, n, generator=g).T  # a non-contiguous column
+    if draw(st.booleans()):
         batch["bf"] = torch.randn(n, 2, generator=g).to(torch.bfloat16)
     non_tensor = {}
     if with_non_tensor and draw(st.booleans()):
