@@ -1,0 +1,67 @@
+"""Turn per-sequence token lists from an external engine (vLLM, SGLang) into the batch convention."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from rlctl.engines.logprob import position_ids_from_mask
+
+
+def unpadded_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int) -> list[list[int]]:
+    """Each left-padded prompt as a plain token list, repeated ``n`` times (samples adjacent)."""
+    prompts = [row[m.bool()].tolist() for row, m in zip(prompt_ids, prompt_mask, strict=True)]
+    return [p for p in prompts for _ in range(n)]
+
+
+def assemble_rollout(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    responses: Sequence[Sequence[int]],
+    log_probs: Sequence[Sequence[float]],
+    *,
+    n: int,
+    max_new_tokens: int,
+    pad_token_id: int,
+) -> dict[str, torch.Tensor]:
+    """Right-pad responses to ``max_new_tokens`` and build masks/positions like the HF engine does."""
+    rows = prompt_ids.shape[0] * n
+    if len(responses) != rows or len(log_probs) != rows:
+        raise ValueError(f"expected {rows} responses (prompts x n), got {len(responses)}")
+    resp = torch.full((rows, max_new_tokens), pad_token_id, dtype=prompt_ids.dtype)
+    logp = torch.zeros(rows, max_new_tokens, dtype=torch.float32)
+    rmask = torch.zeros(rows, max_new_tokens, dtype=torch.long)
+    for i, (tokens, lps) in enumerate(zip(responses, log_probs, strict=True)):
+        tokens = list(tokens)[:max_new_tokens]
+        length = len(tokens)
+        if length:
+            resp[i, :length] = torch.tensor(tokens, dtype=prompt_ids.dtype)
+            logp[i, :length] = torch.tensor(list(lps)[:length], dtype=torch.float32)
+            rmask[i, :length] = 1
+    prompts = prompt_ids.cpu().repeat_interleave(n, dim=0)
+    mask = torch.cat([prompt_mask.cpu().long().repeat_interleave(n, dim=0), rmask], dim=1)
+    return {
+        "prompts": prompts,
+        "responses": resp,
+        "input_ids": torch.cat([prompts, resp], dim=1),
+        "attention_mask": mask,
+        "position_ids": position_ids_from_mask(mask),
+        "response_mask": rmask,
+        "rollout_log_probs": logp,
+    }
+
+
+def bucketed(stream, bucket_bytes: int):
+    """Group ``(name, tensor)`` pairs into lists of about ``bucket_bytes`` (one call per bucket)."""
+    bucket, size = [], 0
+    for name, tensor in stream:
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()
+        bucket.append((name, tensor))
+        size += tensor.numel() * tensor.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
