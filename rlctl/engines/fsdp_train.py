@@ -29,7 +29,7 @@ from rlctl.engines.logprob import (
 )
 from rlctl.engines.optim import LossScale, OptimConfig, build_optimizer
 from rlctl.engines.registry import register_engine
-from rlctl.errors import UserError
+from rlctl.errors import RunError, UserError
 
 Batch = dict[str, torch.Tensor]
 LossFn = Callable[[dict[str, torch.Tensor], Batch, LossScale], tuple[torch.Tensor, dict[str, float]]]
@@ -176,8 +176,9 @@ class FSDPTrainEngine:
         self.model.eval()
         outs = [
             self._forward(mb, temperature=temperature, with_entropy=with_entropy)
-            for mb in split_batch(batch, self.micro_batch_size)
+            for mb in self._split(batch, "compute_log_prob")
         ]
+        self._reshard()
         return {k: torch.cat([o[k] for o in outs]).cpu() for k in outs[0]}
 
     @torch.no_grad()
@@ -188,8 +189,9 @@ class FSDPTrainEngine:
         self.model.eval()
         outs = [
             self._forward(mb, temperature=1.0, with_entropy=False)
-            for mb in split_batch(batch, self.micro_batch_size)
+            for mb in self._split(batch, "compute_values")
         ]
+        self._reshard()
         return torch.cat([o["values"] for o in outs]).cpu()
 
     # -- training -----------------------------------------------------------------------------------
@@ -201,6 +203,26 @@ class FSDPTrainEngine:
             totals = totals.to(self.device)
             dist.all_reduce(totals, group=self._group())
         return LossScale(global_tokens=int(totals[0]), global_seqs=int(totals[1]), dp_size=self.dp_size)
+
+    def _reshard(self) -> None:
+        """FSDP2 keeps the root's parameters unsharded after a forward without backward; put them
+        back so memory is freed and ``parameters()`` are the fp32 DTensor shards again."""
+        if self.distributed and hasattr(self.model, "reshard"):
+            self.model.reshard()
+
+    def _split(self, batch: Batch, what: str) -> list[Batch]:
+        """Micro-batches; under FSDP every rank must run the same number (each forward is a
+        collective), so a mismatch is a RunError instead of a hang."""
+        parts = split_batch(batch, self.micro_batch_size)
+        if self.distributed:
+            counts = torch.tensor([len(parts), -len(parts)], device=self.device)
+            dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=self._group())
+            if int(counts[0]) != -int(counts[1]):
+                raise RunError(
+                    f"{what} on rank {dist.get_rank()}: ranks hold between {-int(counts[1])} and "
+                    f"{int(counts[0])} micro-batches; pad the batch so every DP rank gets the same size"
+                )
+        return parts
 
     def _mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
         if not self.distributed or not metrics:
@@ -224,7 +246,7 @@ class FSDPTrainEngine:
         scale = self._loss_scale(batch)
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        micro_batches = split_batch(batch, self.micro_batch_size)
+        micro_batches = self._split(batch, "train_batch")
         for mb in micro_batches:
             outputs = self._forward(mb, temperature=temperature, with_entropy=with_entropy)
             loss, metrics = loss_fn(outputs, {k: v.to(self.device) for k, v in mb.items()}, scale)
@@ -256,6 +278,7 @@ class FSDPTrainEngine:
     ) -> Iterator[tuple[str, torch.Tensor]]:
         """Stream ``(HF name, tensor)``: ``full`` gathers one parameter at a time; ``sharded``
         yields each parameter as it is stored (a DTensor whose ``to_local()`` is this rank's shard)."""
+        self._reshard()
         return fsdp_io.export_weights(self.model, mode=mode, dtype=dtype)
 
     def state_dict_for_checkpoint(self) -> dict:

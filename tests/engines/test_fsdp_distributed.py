@@ -29,6 +29,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> N
 
     from rlctl.engines.fsdp_train import FSDPTrainEngine
     from rlctl.engines.optim import OptimConfig
+    from rlctl.errors import RunError
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -56,6 +57,16 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> N
         resumed.train_batch(b2, token_mean_loss)
         result["resumed2"] = _params(resumed)
         result["lr_after"] = (engine.scheduler.get_last_lr()[0], resumed.scheduler.get_last_lr()[0])
+        mixed = FSDPTrainEngine(model_dir, micro_batch_size=2, mixed_precision="bf16")
+        result["bf16_log_probs"] = mixed.compute_log_prob(b1, temperature=0.7)["log_probs"]
+        result["bf16_param_dtype"] = str(next(mixed.model.parameters()).dtype)
+        if world == 2:  # ranks with different micro-batch counts fail loudly instead of hanging
+            uneven = {k: v[: 3 if rank == 0 else 1] for k, v in b1.items()}
+            try:
+                engine.compute_log_prob(uneven)
+                result["uneven_error"] = None
+            except RunError as exc:
+                result["uneven_error"] = str(exc)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -147,3 +158,26 @@ def test_hf_export_reloads_with_transformers(runs):
     for name, p in out[2][0]["step2"].items():
         assert torch.equal(state[name], p), name
     assert torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"])
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", WORLD_SIZES)
+def test_bf16_mixed_precision_stays_close_with_fp32_master_weights(runs, world):
+    _, out = runs
+    mask = make_batch(8, seed=1)["response_mask"].bool()
+    fp32 = torch.cat([r["log_probs"] for r in out[world]])
+    bf16 = torch.cat([r["bf16_log_probs"] for r in out[world]])
+    diff = (fp32[mask] - bf16[mask]).abs().max()
+    assert 0 < diff < 0.1  # bf16 compute really happened, and it is still the same model
+    assert out[world][0]["bf16_param_dtype"] == "torch.float32"
+
+
+@pytest.mark.timeout(240)
+def test_uneven_micro_batch_counts_raise_on_every_rank(runs):
+    _, out = runs
+    for rank, r in enumerate(out[2]):
+        assert (
+            r["uneven_error"]
+            and f"rank {rank}" in r["uneven_error"]
+            and "between 1 and 2" in r["uneven_error"]
+        )
