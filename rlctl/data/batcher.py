@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from rlctl.data.dataset import PromptDataset, encode_prompt
+from rlctl.data.dataset import PromptDataset
 from rlctl.errors import UserError
 
 
@@ -66,13 +66,14 @@ class PromptBatcher:
     ) -> None:
         if batch_prompts < 1:
             raise UserError(f"batch_prompts must be >= 1, got {batch_prompts}")
+        encoded = dataset.encode(tokenizer)
         if max_prompt_length is not None:
-            dataset = dataset.filter_by_length(tokenizer, max_prompt_length)
+            dataset, encoded = dataset.select_by_length(encoded, max_prompt_length)
         if len(dataset) < batch_prompts:
             raise UserError(f"{dataset.name}: {len(dataset)} rows, fewer than batch_prompts={batch_prompts}")
         self.dataset = dataset
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.encoded = [encode_prompt(tokenizer, r["prompt"]) for r in dataset.rows]
+        self.encoded = encoded
         self.batch_prompts = batch_prompts
         self.seed = seed
         self.shuffle = shuffle

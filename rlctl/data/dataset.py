@@ -53,16 +53,21 @@ class PromptDataset:
         return {r["data_source"] for r in self.rows}
 
     def encode(self, tokenizer: Any) -> list[list[int]]:
-        """Templated, tokenised prompt of every row."""
-        return [encode_prompt(tokenizer, r["prompt"]) for r in self.rows]
+        """Templated, tokenised prompt of every row (one batched tokenizer call)."""
+        if not self.rows:
+            return []
+        texts = [render_prompt(tokenizer, r["prompt"]) for r in self.rows]
+        return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     def filter_by_length(self, tokenizer: Any, max_prompt_length: int) -> PromptDataset:
         """A dataset without the rows whose templated prompt exceeds ``max_prompt_length`` tokens."""
-        keep = [
-            r
-            for r, ids in zip(self.rows, self.encode(tokenizer), strict=True)
-            if len(ids) <= max_prompt_length
-        ]
+        return self.select_by_length(self.encode(tokenizer), max_prompt_length)[0]
+
+    def select_by_length(
+        self, encoded: list[list[int]], max_prompt_length: int
+    ) -> tuple[PromptDataset, list[list[int]]]:
+        """(rows whose ``encoded`` prompt fits, their encodings); logs how many were dropped."""
+        keep = [i for i, ids in enumerate(encoded) if len(ids) <= max_prompt_length]
         dropped = len(self.rows) - len(keep)
         if dropped:
             get_logger("rlctl.data").warning(
@@ -76,7 +81,8 @@ class PromptDataset:
             raise UserError(
                 f"{self.name}: every prompt is longer than max_prompt_length={max_prompt_length} tokens"
             )
-        return PromptDataset(keep, self.name, self.dropped + dropped)
+        kept = PromptDataset([self.rows[i] for i in keep], self.name, self.dropped + dropped)
+        return kept, [encoded[i] for i in keep]
 
 
 def _parse_value(text: str) -> Any:

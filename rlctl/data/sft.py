@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from rlctl.data.dataset import PromptDataset, encode_prompt
+from rlctl.data.dataset import PromptDataset
 from rlctl.errors import UserError
 
 
@@ -39,15 +39,15 @@ class SFTDataset:
         self.items: list[dict[str, list[int]]] = []
         self.dropped = 0
         eos = tokenizer.eos_token_id
-        for i, row in enumerate(dataset.rows):
-            prompt = encode_prompt(tokenizer, row["prompt"])
-            answer = tokenizer(sft_answer(row, f"{dataset.name}: row {i + 1}"), add_special_tokens=False)
-            answer_ids = list(answer["input_ids"]) + [eos]
-            ids = prompt + answer_ids
+        answers = [sft_answer(row, f"{dataset.name}: row {i + 1}") for i, row in enumerate(dataset.rows)]
+        answer_ids = tokenizer(answers, add_special_tokens=False)["input_ids"] if answers else []
+        for prompt, answer in zip(dataset.encode(tokenizer), answer_ids, strict=True):
+            target = list(answer) + [eos]
+            ids = prompt + target
             if max_length is not None and len(ids) > max_length:
                 self.dropped += 1
                 continue
-            self.items.append({"input_ids": ids, "loss_mask": [0] * len(prompt) + [1] * len(answer_ids)})
+            self.items.append({"input_ids": ids, "loss_mask": [0] * len(prompt) + [1] * len(target)})
         if not self.items:
             raise UserError(f"{dataset.name}: no SFT example fits max_length={max_length}")
 
