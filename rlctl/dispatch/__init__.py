@@ -1,8 +1,29 @@
 """Single-controller runtime: DataProto, ``@register`` dispatch, workers, groups and pools.
 
-Import surface for the driver and for role code::
+Role code (identical for both backends)::
 
-    from rlctl.dispatch import DataProto, Dispatch, Execute, register, Worker, WorkerGroup, ResourcePool
+    class ActorWorker(Worker):
+        def __init__(self, model_path: str):
+            self.init_distributed(platform.dist_backend)    # rank/world/mesh are already known
+            ...
+
+        @register(Dispatch.DP_COMPUTE_PROTO)
+        def compute_log_prob(self, batch: DataProto) -> DataProto: ...
+
+        @register(Dispatch.DP_COMPUTE_PROTO, blocking=False)
+        def generate_sequences(self, prompts: DataProto) -> DataProto: ...
+
+Driver::
+
+    pool = ResourcePool(nodes=1, devices_per_node=4, resource=platform.ray_resource)
+    groups = spawn_colocated(pool, {"actor": ActorWorker, "ref": RefWorker}, mesh={"dp": 4},
+                             init_kwargs={"actor": {...}}, backend="ray")   # or "inprocess"
+    gen = groups["actor"].generate_sequences(prompts)          # a DispatchFuture (non-blocking)
+    ref = groups["ref"].compute_ref_log_prob(gen, timeout=600)   # ranks fetch gen's outputs themselves
+    batch = gen.get().union(ref)
+
+Failures raise ``WorkerError`` (a ``RunError``; ``.role``, ``.method``, ``.rank``, remote
+traceback; ``.with_step(step)``), ``WorkerDiedError`` for a dead process, ``CallTimeoutError``.
 """
 
 from rlctl.dispatch.errors import CallTimeoutError, WorkerDiedError, WorkerError

@@ -30,7 +30,9 @@ class Dispatch(str, enum.Enum):
     ONE_TO_ALL = "ONE_TO_ALL"  # every rank gets the same arguments; collect a list of all outputs
     ALL_TO_ALL = "ALL_TO_ALL"  # each argument is a list, one item per rank; collect a list
     DP_COMPUTE_PROTO = "DP_COMPUTE_PROTO"  # pad + split over DP, replicate over tp/pp; concat, unpad
-    DP_COMPUTE_METRICS = "DP_COMPUTE_METRICS"  # split like DP_COMPUTE_PROTO; list of one output per DP group
+    # split like DP_COMPUTE_PROTO (padding rows included: they are copies of real rows);
+    # a list of one output per DP group
+    DP_COMPUTE_METRICS = "DP_COMPUTE_METRICS"
     RANK_ZERO = "RANK_ZERO"  # only rank 0 runs, with the arguments as given; its output
 
 

@@ -146,7 +146,10 @@ class DataProto:
         """``dp["name"]`` returns a column; an int, slice, index list/tensor or bool mask selects rows."""
         if isinstance(item, str):
             return self.batch[item] if item in self.batch else self.non_tensor[item]
-        if isinstance(item, int):
+        if isinstance(item, torch.Tensor) and item.dim() == 0 and not item.dtype.is_floating_point:
+            item = int(item)
+        if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            item = int(item)
             n = len(self)
             if not -n <= item < n:
                 raise IndexError(f"row {item} out of range for a DataProto of {n} rows")

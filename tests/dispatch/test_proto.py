@@ -95,6 +95,9 @@ def test_index_by_int_slice_tensor_and_mask_agree(x, data):
     mask = torch.tensor(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
     assert x[mask].equals(x[mask.nonzero().flatten()])
     assert x[-1].equals(x[n - 1 : n])
+    assert x[np.int64(n - 1)].equals(x[n - 1 : n]) and x[torch.tensor(0)].equals(x[0:1])
+    with pytest.raises(IndexError, match="out of range"):
+        x[n]
 
 
 @given(data_protos())
