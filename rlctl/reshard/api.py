@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from rlctl.errors import UserError
-from rlctl.reshard.executor import RankExecutor, run_rank, torch_all_to_all
+from rlctl.reshard.executor import RankExecutor, run_rank, run_rank_p2p, torch_all_to_all
 from rlctl.reshard.layout import Layout, fsdp_layout, rollout_layout
 from rlctl.reshard.model import ModelSpec, spec_from_config
 from rlctl.reshard.plan import Plan, make_plan
@@ -78,6 +78,7 @@ def reshard_train_to_rollout(
     out: Mapping[str, torch.Tensor] | None = None,
     stats: dict[str, int] | None = None,
     dtype: torch.dtype | None = None,
+    transport: str = "auto",
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Yield this rank's rollout tensors bucket by bucket; every rank of ``group`` must iterate it.
 
@@ -85,6 +86,9 @@ def reshard_train_to_rollout(
     rollout name -> existing tensor to fill in place (e.g. the rollout engine's own parameters).
     ``stats`` (optional dict) receives ``peak_extra_bytes`` and ``peak_buffer_bytes`` at the end.
     ``dtype`` defaults to the shards' dtype (give it on ranks that hold no shard, when q > p).
+    ``transport``: ``"all_to_all"`` (one packed ``all_to_all_single`` per bucket), ``"p2p"``
+    (``batch_isend_irecv`` per piece, contiguous pieces sent and received in place, no packing) or
+    ``"auto"``: p2p on gloo (measured 2x faster there: no pack/unpack copies), all_to_all otherwise.
     """
     dtype = dtype or (next(iter(local_shards.values())).dtype if local_shards else torch.bfloat16)
     plan = train_to_rollout_plan(
@@ -99,8 +103,7 @@ def reshard_train_to_rollout(
     if not 0 <= rank < plan.world:
         raise UserError(f"reshard: rank {rank} outside world {plan.world}")
     executor = RankExecutor(plan, rank, local_shards, dtype=dtype, out=out)
-    comm = torch_all_to_all(group) if plan.world > 1 else None
-    yield from run_rank(executor, comm)
+    yield from _run(executor, group, transport)
     if stats is not None:
         stats["peak_extra_bytes"] = executor.meter.peak_total
         stats["peak_buffer_bytes"] = executor.meter.peak_buffers
@@ -118,6 +121,7 @@ def reshard_rollout_to_train(
     rank_order: str = "contiguous",
     fmt: str = "vllm",
     dtype: torch.dtype | None = None,
+    transport: str = "auto",
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """The inverse move: rollout tensors -> FSDP2 dim-0 shards (HF names), bucket by bucket."""
     dtype = dtype or (next(iter(local_rollout.values())).dtype if local_rollout else torch.bfloat16)
@@ -132,5 +136,21 @@ def reshard_rollout_to_train(
         reverse=True,
     )
     executor = RankExecutor(plan, rank, local_rollout, dtype=dtype)
-    comm = torch_all_to_all(group) if plan.world > 1 else None
-    yield from run_rank(executor, comm)
+    yield from _run(executor, group, transport)
+
+
+def _run(
+    executor: RankExecutor, group: object | None, transport: str
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    if transport not in ("all_to_all", "p2p", "auto"):
+        raise UserError(f"reshard: transport {transport!r}; expected 'all_to_all', 'p2p' or 'auto'")
+    if transport == "auto" and executor.plan.world > 1:
+        import torch.distributed as dist
+
+        transport = "p2p" if dist.get_backend(group) == "gloo" else "all_to_all"
+    if executor.plan.world == 1:
+        yield from run_rank(executor, None)
+    elif transport == "p2p":
+        yield from run_rank_p2p(executor, group)
+    else:
+        yield from run_rank(executor, torch_all_to_all(group))

@@ -132,7 +132,7 @@ class RankExecutor:
         """Unpack the receive buffer, free the buffers, return the tensors completed in this round."""
         rr = self.plan.rounds[i][self.rank]
         off = 0
-        for pieces in rr.recvs.values():
+        for pieces in rr.recvs.values() if recv.numel() else ():
             for t in pieces:
                 self._dst_view(t).copy_(recv[off : off + t.numel].view(t.rows, t.cols))
                 off += t.numel
@@ -182,5 +182,58 @@ def run_rank(executor: RankExecutor, all_to_all: AllToAll | None) -> Iterator[li
             work.wait()
         done = executor.finish(i, send, recv)
         del send, recv
+        if done:
+            yield done
+
+
+def run_rank_p2p(
+    executor: RankExecutor, group: object | None = None
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Same plan, sent as point-to-point messages per piece (``batch_isend_irecv``).
+
+    Contiguous pieces go straight from the source tensor and into the destination tensor (no pack or
+    unpack copy); only column slices are staged through temporaries, which the plan's bucket bounds.
+    """
+    import torch.distributed as dist
+
+    plan, rank = executor.plan, executor.rank
+
+    def peer(r: int) -> int:
+        return dist.get_global_rank(group, r) if group is not None else r
+
+    for i in range(len(plan.rounds)):
+        rr = plan.rounds[i][rank]
+        for ti in rr.allocate:
+            executor._alloc(ti)
+        ops, staged, staged_bytes = [], [], 0
+        for d, pieces in rr.sends.items():
+            for t in pieces:
+                src = executor._src[t.src_tensor][
+                    t.src_row : t.src_row + t.rows, t.src_col : t.src_col + t.cols
+                ]
+                if not src.is_contiguous():
+                    src = src.contiguous()
+                    staged_bytes += src.numel() * src.element_size()
+                ops.append(dist.P2POp(dist.isend, src, peer(d), group))
+        for s, pieces in rr.recvs.items():
+            for t in pieces:
+                dst = executor._dst_view(t)
+                if not dst.is_contiguous():
+                    buf = torch.empty((t.rows, t.cols), dtype=executor.dtype, device=executor.device)
+                    staged.append((dst, buf))
+                    staged_bytes += buf.numel() * buf.element_size()
+                    dst = buf
+                ops.append(dist.P2POp(dist.irecv, dst, peer(s), group))
+        executor.meter.add(buffers=staged_bytes)
+        works = dist.batch_isend_irecv(ops) if ops else []
+        executor.local(i)
+        for w in works:
+            w.wait()
+        for dst, buf in staged:
+            dst.copy_(buf)
+        del ops, staged
+        executor.meter.add(buffers=-staged_bytes)
+        empty = torch.empty(0, dtype=executor.dtype)
+        done = executor.finish(i, empty, empty)  # nothing left to unpack: only hands back finished tensors
         if done:
             yield done

@@ -45,7 +45,7 @@ class _Params(torch.nn.Module):
             self.register_parameter(name.replace(".", "__"), torch.nn.Parameter(t.clone()))
 
 
-def _fsdp_worker(rank: int, world: int, port: int, q: int, order: str, bucket: int) -> None:
+def _fsdp_worker(rank: int, world: int, port: int, q: int, order: str, bucket: int, transport: str) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -83,6 +83,7 @@ def _fsdp_worker(rank: int, world: int, port: int, q: int, order: str, bucket: i
             local_shards=shards,
             bucket_bytes=bucket,
             rank_order=order,
+            transport=transport,
         ):
             buckets += 1
             got.update(bucket_items)
@@ -101,6 +102,7 @@ def _fsdp_worker(rank: int, world: int, port: int, q: int, order: str, bucket: i
             local_rollout=got,
             bucket_bytes=bucket,
             rank_order=order,
+            transport=transport,
         ):
             back.update(items)
         for name, param in shards.items():
@@ -148,15 +150,15 @@ def _plain_worker(rank: int, world: int, port: int, p: int, q: int, bucket: int)
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
-    ("world", "q", "order"),
+    ("world", "q", "order", "transport"),
     [
-        (4, 2, "strided"),
-        (3, 1, "contiguous"),
-        pytest.param(4, 2, "contiguous", marks=pytest.mark.slow),  # loopback property tests cover it
+        (4, 2, "strided", "all_to_all"),
+        (3, 1, "contiguous", "p2p"),
+        pytest.param(4, 2, "contiguous", "p2p", marks=pytest.mark.slow),  # loopback property tests cover it
     ],
 )
-def test_fsdp2_dtensors_to_rollout_over_gloo(world: int, q: int, order: str) -> None:
-    mp.spawn(_fsdp_worker, args=(world, _port(), q, order, 2048), nprocs=world, join=True)
+def test_fsdp2_dtensors_to_rollout_over_gloo(world: int, q: int, order: str, transport: str) -> None:
+    mp.spawn(_fsdp_worker, args=(world, _port(), q, order, 2048, transport), nprocs=world, join=True)
 
 
 @pytest.mark.timeout(180)
