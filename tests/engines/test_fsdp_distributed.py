@@ -28,6 +28,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> N
     import torch.distributed as dist
 
     from rlctl.engines.fsdp_train import FSDPTrainEngine
+    from rlctl.engines.hf_rollout import HFRolloutEngine
     from rlctl.engines.optim import OptimConfig
     from rlctl.errors import RunError
 
@@ -44,6 +45,21 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> N
         result = {"log_probs": engine.compute_log_prob(b1, temperature=0.7)["log_probs"]}
         result["metrics"] = engine.train_batch(b1, token_mean_loss, temperature=0.7)
         result["step1"] = _params(engine)
+        # colocated rollout: stream the gathered weights in memory, then both engines agree
+        rollout = HFRolloutEngine(model_dir)
+        result["synced"] = rollout.update_weights(engine.export_weights("full"))
+        gen = rollout.generate(
+            b1["input_ids"][:, :6],
+            b1["attention_mask"][:, :6],
+            temperature=0.7,
+            max_new_tokens=6,
+            eos_token_id=[1, *range(5, 16)],
+            generator=torch.Generator().manual_seed(rank),
+        )
+        recomputed = engine.compute_log_prob(gen, temperature=0.7)["log_probs"]
+        result["colocated_diff"] = float(
+            ((recomputed - gen["rollout_log_probs"]) * gen["response_mask"]).abs().max()
+        )
         sharded = dict(engine.export_weights("sharded"))
         result["sharded_local_numel"] = sum(t.to_local().numel() for t in sharded.values())
         engine.save_checkpoint(os.path.join(out_dir, "ckpt"))
@@ -181,3 +197,12 @@ def test_uneven_micro_batch_counts_raise_on_every_rank(runs):
             and f"rank {rank}" in r["uneven_error"]
             and "between 1 and 2" in r["uneven_error"]
         )
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", WORLD_SIZES)
+def test_colocated_rollout_sees_trained_weights_without_disk(runs, world):
+    _, out = runs
+    for r in out[world]:
+        assert r["synced"] == len(r["step1"])
+        assert r["colocated_diff"] <= 1e-5
