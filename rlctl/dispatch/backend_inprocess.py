@@ -16,6 +16,7 @@ from typing import Any
 from rlctl.dispatch.errors import CallTimeoutError, WorkerError
 from rlctl.dispatch.futures import CallInfo
 from rlctl.dispatch.pool import ResourcePool
+from rlctl.dispatch.proto import DataProto
 from rlctl.dispatch.worker import WorkerHost, free_port
 
 
@@ -59,13 +60,16 @@ class InProcessBackend:
         payloads: dict[int, tuple[tuple, dict]],
         keep: set[int],
         timeout: float | None,
-    ) -> dict[int, Any]:
+    ) -> tuple[dict[int, Any], dict[int, Any]]:
+        """Run every rank now, in rank order; returns (outputs, output row counts) per rank."""
         parts: dict[int, _Result] = {}
+        sizes: dict[int, _Result] = {}
         start = time.monotonic()
         for r, (args, kwargs) in payloads.items():
             try:
                 out = hosts[r].call(info.role, info.method, args, kwargs, fetch=fetch)
                 parts[r] = _Result(out if r in keep else None)
+                sizes[r] = _Result(len(out) if isinstance(out, DataProto) else None)
             except WorkerError as exc:
                 parts[r] = _Result(error=exc)
                 break  # later ranks would run after a failed rank: stop like a real group would fail
@@ -83,7 +87,9 @@ class InProcessBackend:
             parts.setdefault(
                 r, _Result(error=WorkerError(info.role, info.method, r, "not run: an earlier rank failed"))
             )
-        return parts
+            if parts[r].error is not None:
+                sizes[r] = parts[r]
+        return parts, sizes
 
     def gather(self, info: CallInfo, parts: dict[int, Any], wanted: list[int], timeout: float | None) -> dict:
         for r in sorted(parts):

@@ -73,7 +73,8 @@ class RayHost(WorkerHost):
     def run(self, _rlctl_role: str, _rlctl_method: str, _rlctl_keep: bool, *args: Any, **kwargs: Any) -> Any:
         """Arguments travel as top-level task arguments, so Ray resolves put ObjectRefs before the call."""
         out = self.call(_rlctl_role, _rlctl_method, args, kwargs, fetch=fetch)
-        return out if _rlctl_keep else None
+        size = len(out) if isinstance(out, DataProto) else None  # a second, tiny return object
+        return (out if _rlctl_keep else None), size
 
 
 class RayBackend:
@@ -123,8 +124,11 @@ class RayBackend:
         payloads: dict[int, tuple[tuple, dict]],
         keep: set[int],
         timeout: float | None,
-    ) -> dict[int, Any]:
-        """Launch the call on every rank in ``payloads``; large arguments are put once and shared."""
+    ) -> tuple[dict[int, Any], dict[int, Any]]:
+        """Launch the call on every rank in ``payloads``; large arguments are put once and shared.
+
+        Returns per rank the output's ObjectRef and a second ref to its row count (for lazy chunks).
+        """
         import ray
 
         cache: dict[int, Any] = {}
@@ -136,12 +140,14 @@ class RayBackend:
                 return cache[id(v)]
             return v
 
-        parts = {}
+        parts, sizes = {}, {}
         for r, (args, kwargs) in payloads.items():
             a = tuple(put(v) for v in args)
             k = {key: put(v) for key, v in kwargs.items()}
-            parts[r] = hosts[r].run.remote(info.role, info.method, r in keep, *a, **k)
-        return parts
+            parts[r], sizes[r] = (
+                hosts[r].run.options(num_returns=2).remote(info.role, info.method, r in keep, *a, **k)
+            )
+        return parts, sizes
 
     def gather(self, info: CallInfo, parts: dict[int, Any], wanted: list[int], timeout: float | None) -> dict:
         """Wait for every rank; raise the first failure as a WorkerError; return the wanted values."""

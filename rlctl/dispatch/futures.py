@@ -38,8 +38,9 @@ class DispatchFuture:
         mesh: Mesh,
         backend: Any,
         timeout: float | None = None,
+        sizes: dict[int, Any] | None = None,
     ) -> None:
-        self.info, self.parts, self.collect_fn = info, parts, collect_fn
+        self.info, self.parts, self.collect_fn, self.sizes = info, parts, collect_fn, sizes
         self.collect_ranks, self.mesh, self._backend, self.timeout = collect_ranks, mesh, backend, timeout
         self._value: Any = None
         self._done = False
@@ -66,7 +67,8 @@ class DispatchFuture:
     def lazy(self, select: tuple | None = None) -> LazyInput:
         """A rank-side stand-in for this future's value (optionally one chunk or item of it)."""
         needed = {r: self.parts[r] for r in self.collect_ranks}
-        return LazyInput(self.info, needed, self.collect_fn, self.mesh, select)
+        sizes = None if self.sizes is None else {r: self.sizes[r] for r in self.collect_ranks}
+        return LazyInput(self.info, needed, self.collect_fn, self.mesh, select, sizes)
 
     def __repr__(self) -> str:
         return f"DispatchFuture({self.info.role}.{self.info.method}, ranks={len(self.parts)})"
@@ -86,6 +88,8 @@ class LazyInput:
 
     ``select``: None (the whole value), ``("chunk", n, i)`` (pad to a multiple of n, take chunk i,
     the DP_COMPUTE_PROTO split) or ``("item", i)`` (element i of a list, for ALL_TO_ALL).
+    ``sizes``: handles to each producer rank's output row count; with them a rank taking one DP
+    chunk of a concatenated output fetches only the producer outputs that overlap its rows.
     """
 
     info: CallInfo
@@ -93,6 +97,7 @@ class LazyInput:
     collect_fn: Callable[[Mesh, dict[int, Any]], Any]
     mesh: Mesh
     select: tuple | None = field(default=None)
+    sizes: dict[int, Any] | None = field(default=None)
 
 
 def split_for_dp(value: DataProto, n: int) -> list[Shard]:
@@ -114,6 +119,10 @@ def resolve_arg(arg: Any, fetch: Callable[[dict[int, Any]], dict[int, Any]]) -> 
         return arg.data, arg.pad_rows
     if not isinstance(arg, LazyInput):
         return arg, 0
+    if arg.select is not None and arg.select[0] == "chunk" and arg.sizes is not None:
+        shard = _partial_chunk(arg, fetch)
+        if shard is not None:
+            return shard.data, shard.pad_rows
     value = arg.collect_fn(arg.mesh, fetch(arg.parts))
     if arg.select is None:
         return value, 0
@@ -128,6 +137,42 @@ def resolve_arg(arg: Any, fetch: Callable[[dict[int, Any]], dict[int, Any]]) -> 
     if arg.select[0] == "item":
         return value[arg.select[1]], 0
     raise ValueError(f"unknown lazy selection {arg.select!r}")
+
+
+def _partial_chunk(arg: LazyInput, fetch: Callable[[dict[int, Any]], dict[int, Any]]) -> Shard | None:
+    """Chunk i of n of a concat-collected output, fetching only the producer outputs it needs.
+
+    Gives exactly ``split_for_dp(collected, n)[i]``; None when the sizes do not allow it (then
+    the caller collects everything).
+    """
+    order = getattr(arg.collect_fn, "concat_of", None)
+    if order is None:
+        return None
+    reps = order(arg.mesh)
+    lens = fetch(arg.sizes)
+    if any(not isinstance(lens[r], int) for r in reps):
+        return None
+    total = sum(lens[r] for r in reps)
+    _, n, i = arg.select
+    if total == 0:
+        return None
+    size = (total + (-total) % n) // n
+    lo, hi = i * size, (i + 1) * size
+    rows = list(range(lo, min(hi, total))) + [(j - total) % total for j in range(max(lo, total), hi)]
+    starts, off = {}, 0
+    for r in reps:
+        starts[r], off = off, off + lens[r]
+    need = [r for r in reps if any(starts[r] <= j < starts[r] + lens[r] for j in rows)]
+    got = fetch({r: arg.parts[r] for r in need})
+    local, off = {}, 0
+    for r in need:
+        local[r], off = off, off + lens[r]
+    part = DataProto.concat([got[r] for r in need])
+    owner = [next(r for r in need if starts[r] <= j < starts[r] + lens[r]) for j in rows]
+    idx = [local[r] + j - starts[r] for j, r in zip(rows, owner, strict=True)]
+    import torch
+
+    return Shard(part[torch.tensor(idx, dtype=torch.long)], max(0, hi - max(lo, total)))
 
 
 def trim_output(out: Any, in_rows: int, pad_rows: int) -> Any:

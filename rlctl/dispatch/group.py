@@ -170,8 +170,8 @@ class WorkerGroup:
         payloads, wanted = plan_call(mode, Execute(execute), self.mesh, args, kwargs)
         info = CallInfo(self.role, name)
         backend = self._hosts.backend
-        parts = backend.submit(info, self._hosts.handles, payloads, set(wanted), timeout)
-        fut = DispatchFuture(info, parts, mode.collect_fn, wanted, self.mesh, backend, timeout)
+        parts, sizes = backend.submit(info, self._hosts.handles, payloads, set(wanted), timeout)
+        fut = DispatchFuture(info, parts, mode.collect_fn, wanted, self.mesh, backend, timeout, sizes)
         blocking = spec.blocking if blocking is None else blocking
         return fut.get() if blocking else fut
 

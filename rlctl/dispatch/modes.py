@@ -196,6 +196,7 @@ def collect_dp_proto(mesh: Mesh, outputs: dict[int, Any]) -> Any:
 
 
 collect_dp_proto.copies_parts = True  # concat allocates: the driver may unpickle parts without copying
+collect_dp_proto.concat_of = Mesh.representatives  # consumers of a future may fetch just their rows
 
 
 def collect_dp_metrics(mesh: Mesh, outputs: dict[int, Any]) -> list[Any]:

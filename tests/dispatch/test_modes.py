@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from rlctl.dispatch import DataProto, Dispatch, Execute, Mesh, register, register_dispatch_mode
 from rlctl.dispatch.backend_inprocess import InProcessBackend
 from rlctl.dispatch.backend_inprocess import fetch as inproc_fetch
-from rlctl.dispatch.futures import CallInfo, DispatchFuture, split_for_dp
+from rlctl.dispatch.futures import CallInfo, DispatchFuture, resolve_arg, split_for_dp
 from rlctl.dispatch.modes import get_mode, plan_call
 from tests.dispatch.strategies import data_protos
 
@@ -90,27 +90,49 @@ def test_execute_rank_zero_with_one_to_all(mesh):
     assert out == [1] and list(payloads) == [0]
 
 
-@given(data_protos(), meshes, meshes)
-def test_future_passed_to_next_call_is_resolved_on_the_ranks(x, mesh_a, mesh_b):
-    """A producer's per-rank outputs, handed lazily to a consumer with another mesh, rebuild x."""
-    backend = InProcessBackend()
-    mode = get_mode(Dispatch.DP_COMPUTE_PROTO)
-    payloads, wanted = plan_call(mode, Execute.ALL, mesh_a, (x,), {})
-    hosts_out = {r: execute_on(lambda b: b, *payloads[r]) for r in payloads}
+def producer_future(x, mesh, with_sizes=True):
+    """What a DP_COMPUTE_PROTO identity call on ``mesh`` leaves behind: per-rank outputs + sizes."""
     from rlctl.dispatch.backend_inprocess import _Result
 
-    fut = DispatchFuture(
-        CallInfo("a", "f"),
-        {r: _Result(v) for r, v in hosts_out.items()},
-        mode.collect_fn,
-        wanted,
-        mesh_a,
-        backend,
+    mode = get_mode(Dispatch.DP_COMPUTE_PROTO)
+    payloads, wanted = plan_call(mode, Execute.ALL, mesh, (x,), {})
+    outs = {r: execute_on(lambda b: b, *payloads[r]) for r in payloads}
+    sizes = {r: _Result(len(o)) for r, o in outs.items()} if with_sizes else None
+    parts = {r: _Result(o) for r, o in outs.items()}
+    return DispatchFuture(
+        CallInfo("a", "f"), parts, mode.collect_fn, wanted, mesh, InProcessBackend(), sizes=sizes
     )
+
+
+@given(data_protos(), meshes, meshes, st.booleans())
+def test_future_passed_to_next_call_is_resolved_on_the_ranks(x, mesh_a, mesh_b, with_sizes):
+    """A producer's per-rank outputs, handed lazily to a consumer with another mesh, rebuild x."""
+    fut = producer_future(x, mesh_a, with_sizes)
     out, payloads_b = run(Dispatch.DP_COMPUTE_PROTO, mesh_b, (fut,))
     assert out.equals(x)
+    for r, (args, _) in payloads_b.items():  # each rank's chunk is exactly the eager split's
+        got, pad = resolve_arg(args[0], inproc_fetch)
+        want = split_for_dp(x, mesh_b.dp_size)[mesh_b.dp_rank(r)] if len(x) else None
+        if want is not None:
+            assert got.equals(want.data) and pad == want.pad_rows
     whole, _ = run(Dispatch.ONE_TO_ALL, mesh_b, (fut,))
     assert all(w.equals(x) for w in whole)
+
+
+def test_lazy_chunk_fetches_only_the_producer_outputs_it_needs():
+    x = DataProto.from_dict({"x": list(range(8))})
+    mesh = Mesh.of({"dp": 4}, 4)
+    fut = producer_future(x, mesh)
+    for d in range(4):
+        fetched = []
+
+        def recording_fetch(parts, fetched=fetched):
+            fetched.append(sorted(parts))
+            return inproc_fetch(parts)
+
+        data, pad = resolve_arg(fut.lazy(("chunk", 4, d)), recording_fetch)
+        assert data["x"].tolist() == [2 * d, 2 * d + 1] and pad == 0
+        assert fetched == [[0, 1, 2, 3], [d]]  # the sizes, then one producer output
 
 
 @given(data_protos(), st.integers(1, 6))
