@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -185,6 +186,11 @@ def test_socket_connect_fails_and_scores_zero(tcp_server, guard):
     # the server is reachable from outside the sandbox
     with socket.create_connection(("127.0.0.1", port), timeout=2):
         pass
+    for _ in range(200):  # wait until the server has recorded this connection, then forget it
+        if hits:
+            break
+        time.sleep(0.01)
+    assert hits == ["connected"]
     hits.clear()
     snippet = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('ok')"
     limits = SandboxLimits(guard=guard)
