@@ -71,7 +71,7 @@ def scale_layers(cfg: dict, max_bytes: int, itemsize: int = 2) -> dict:
     return cfg
 
 
-def memcpy_gbps(nbytes: int = 256 << 20, repeat: int = 5) -> float:
+def memcpy_gbps(nbytes: int = 64 << 20, repeat: int = 3) -> float:
     """This host's copy bandwidth: best ``dst.copy_(src)`` over warm buffers, payload bytes / s."""
     src = torch.ones(nbytes, dtype=torch.uint8)
     dst = torch.empty_like(src)
@@ -147,9 +147,10 @@ def _worker(rank: int, world: int, port: int, job: dict, outdir: str) -> None:
             dist.barrier()
         times.append(time.perf_counter() - t0)
     peak = _rss_bytes() - base
+    copy_bw = memcpy_gbps(64 << 20, 3)  # same process and thread setting, after the RSS reading
     checksum = sum(float(t.double().sum()) for t in out.values())
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-        json.dump({"seconds": min(times), "peak": peak, "checksum": checksum}, f)
+        json.dump({"seconds": min(times), "peak": peak, "checksum": checksum, "memcpy_gbps": copy_bw}, f)
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
@@ -190,7 +191,7 @@ def bench(
     pairs: list[tuple[int, int]] | None = None,
     *,
     bucket_bytes: int = 64 << 20,
-    repeat: int = 2,
+    repeat: int = 3,
     max_model_bytes: int = 1 << 30,
     rank_order: str = "strided",
     strategies: tuple[str, ...] = STRATEGIES,
@@ -201,7 +202,6 @@ def bench(
     from rlctl.reshard.layout import check_tp
     from rlctl.reshard.model import spec_from_config
 
-    copy_bw = memcpy_gbps()
     rows: list[Row] = []
     for model in models:
         cfg = scale_layers(MODELS[model], max_model_bytes) if model == "7b-scaled" else MODELS[model]
@@ -223,6 +223,7 @@ def bench(
                 if ref_sum is None:
                     ref_sum = sums
                 gbps = out_bytes / secs / 1e9
+                copy_bw = max(r["memcpy_gbps"] for r in res)
                 rows.append(
                     Row(
                         model,

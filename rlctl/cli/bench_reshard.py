@@ -108,4 +108,7 @@ def command(
         console = Console(width=150)
     console.print(table)
     if rows:
-        click.echo(f"memcpy bandwidth of this host (same run): {rows[0].memcpy_gbps:.2f} GB/s")
+        bws = sorted({round(r.memcpy_gbps, 2) for r in rows})
+        click.echo(
+            f"memcpy bandwidth of this host, measured in each job (GB/s): {bws[0]:.2f} .. {bws[-1]:.2f}"
+        )

@@ -1,0 +1,65 @@
+"""Planner edge cases and the ``rlctl bench reshard`` command end to end (tiny model, one rank)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from rlctl.errors import UserError
+from rlctl.reshard.api import train_to_rollout_plan, world_for
+from rlctl.reshard.layout import fsdp_layout, rollout_layout
+from rlctl.reshard.model import spec_from_config
+from rlctl.reshard.plan import make_plan
+
+CFG = {
+    "model_type": "llama", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "intermediate_size": 64, "vocab_size": 200, "num_hidden_layers": 2, "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def test_single_rank_plan_is_all_local() -> None:
+    plan = train_to_rollout_plan(CFG, 1, 1, bucket_bytes=1 << 20)
+    assert plan.bytes_moved() == 0 and not any(plan.comm_rounds)
+    padding_rows = 2 * (256 - 200)  # embed_tokens and lm_head padded 200 -> 256 rows, zero-filled, not copied
+    assert plan.bytes_local() == (sum(lt.numel for lt in plan.dst.ranks[0]) - padding_rows * 32) * 2
+
+
+def test_strided_ranks_move_fewer_bytes_than_contiguous() -> None:
+    spec = spec_from_config(CFG, torch.bfloat16)
+    strided = train_to_rollout_plan(spec, 4, 2, bucket_bytes=1 << 20, rank_order="strided")
+    contiguous = train_to_rollout_plan(spec, 4, 2, bucket_bytes=1 << 20, rank_order="contiguous")
+    assert strided.bytes_moved() < contiguous.bytes_moved()
+    # two replicas of every element are needed and one exists: at least the model minus what is local
+    assert strided.bytes_moved() >= spec.nbytes() - strided.bytes_local() // 2
+
+
+def test_bucket_smaller_than_a_row_is_a_user_error() -> None:
+    spec = spec_from_config(CFG, torch.float32)
+    with pytest.raises(UserError, match="smaller than one row"):
+        make_plan(fsdp_layout(spec, 2), rollout_layout(spec, 2), 4, 16)
+
+
+def test_world_rules() -> None:
+    assert world_for(4, 2) == 4 and world_for(2, 4) == 4
+    with pytest.raises(UserError, match="not a multiple"):
+        world_for(3, 2)
+
+
+@pytest.mark.timeout(240)
+def test_bench_reshard_json_single_rank() -> None:
+    from rlctl.cli.bench_reshard import command
+
+    result = CliRunner().invoke(command, ["--json", "--models", "tiny", "--pairs", "1:1", "--repeat", "1"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [r["strategy"] for r in rows] == ["planned", "naive", "disk"]
+    spec = spec_from_config(__import__("rlctl.bench.reshard", fromlist=["MODELS"]).MODELS["tiny"])
+    padded = (1024 - 1000) * spec.hidden_size * 2 * 2  # embed + lm_head padding rows (vocab 1000 -> 1024)
+    for r in rows:
+        assert r["match"] is True
+        assert r["bytes_out"] == spec.nbytes() + padded
+        assert r["seconds"] > 0 and r["memcpy_gbps"] > 0
+    assert rows[2]["bytes_moved"] > 0 and rows[0]["bytes_moved"] == 0
