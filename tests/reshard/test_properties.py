@@ -160,3 +160,19 @@ def _cut(full, lt) -> torch.Tensor:
         src = full[b.param].reshape(full[b.param].shape[0], -1)
         o2[b.at : b.at + b.rows] = src[b.row0 : b.row1, b.col0 : b.col1]
     return out
+
+
+@given(config_pq(), st.integers(1, 30))
+def test_hf_format_gives_every_rank_the_full_unmerged_tensors(cfg_pq, k) -> None:
+    """fmt="hf" (the HF rollout engine, q=1): every rank ends with the exact full HF state dict."""
+    cfg, p, _q = cfg_pq
+    spec = spec_from_config(cfg, torch.float32)
+    full = full_state(spec, k)
+    plan = make_plan(
+        fsdp_layout(spec, p), rollout_layout(spec, 1, p, fmt="hf"), 4, _min_bucket(spec, 1, 4) * k
+    )
+    out = collect_all_ranks(plan, fsdp_shards_by_chunk(full, p, p), spec.dtype)
+    for r in range(p):
+        assert list(out[r]) == list(full)
+        for name, t in full.items():
+            assert torch.equal(out[r][name], t)
