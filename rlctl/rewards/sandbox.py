@@ -161,9 +161,13 @@ def _probe_cgroup() -> str | None:
     return None
 
 
-@functools.cache
 def sandbox_plan(user: str = "nobody") -> SandboxPlan:
-    """Probe what this machine allows and find an interpreter the sandbox user can run."""
+    """Probe what this machine allows and find an interpreter the sandbox user can run (cached)."""
+    return _probe_plan(user)
+
+
+@functools.cache
+def _probe_plan(user: str) -> SandboxPlan:
     uid = gid = None
     if os.geteuid() == 0:
         try:

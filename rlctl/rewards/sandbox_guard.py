@@ -3,7 +3,8 @@
 Second layer of the sandbox (the first is the OS: unprivileged user, rlimits, network namespace,
 pids cgroup). A ``sys.addaudithook`` hook, which cannot be removed once installed, refuses:
 writes outside the scratch directory (the working directory), any socket connect/bind/send,
-starting programs (exec, spawn, subprocess, os.system) and ctypes. Usage::
+starting programs (exec, spawn, subprocess, os.system, and importing ``_posixsubprocess``,
+which can exec without an audit event) and ctypes. Usage::
 
     python -I -S -B sandbox_guard.py snippet.py
 """
@@ -11,6 +12,7 @@ starting programs (exec, spawn, subprocess, os.system) and ctypes. Usage::
 import os
 import runpy
 import sys
+import threading
 
 _SCRATCH = os.path.realpath(os.getcwd())
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
@@ -23,7 +25,8 @@ _PATH_EVENTS = {
 _DENIED_PREFIXES = ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "ctypes.",
                     "os.exec", "os.posix_spawn", "os.spawn", "os.system", "os.startfile", "subprocess.Popen",
                     "os.forkpty", "pty.")  # fmt: skip
-_busy = False
+_DENIED_MODULES = {"_posixsubprocess", "_ctypes"}  # exec without an audit event; raw memory/calls
+_local = threading.local()  # per-thread re-entrancy flag: a shared one would let threads race past
 
 
 def _inside(path):
@@ -35,13 +38,14 @@ def _inside(path):
 
 
 def _hook(event, args):
-    global _busy
-    if _busy:
+    if getattr(_local, "busy", False):
         return
-    _busy = True
+    _local.busy = True
     try:
         if event.startswith(_DENIED_PREFIXES):
             raise PermissionError(f"sandbox: {event} is not allowed")
+        if event == "import" and args[0] in _DENIED_MODULES:
+            raise PermissionError(f"sandbox: importing {args[0]} is not allowed")
         if event == "open":
             path, mode, flags = args
             if path is None or isinstance(path, int):
@@ -61,7 +65,7 @@ def _hook(event, args):
                 if isinstance(arg, (str, bytes, os.PathLike)) and not _inside(arg):
                     raise PermissionError(f"sandbox: {event} outside the scratch directory: {arg}")
     finally:
-        _busy = False
+        _local.busy = False
 
 
 def main():

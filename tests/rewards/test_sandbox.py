@@ -126,8 +126,9 @@ def test_fork_bomb_is_contained_and_scores_zero():
 @needs_python
 def test_write_outside_scratch_is_refused_by_the_guard(tmp_path):
     targets = [tmp_path / "pwned.txt", Path(f"/tmp/rlctl-sbx-test-{uuid.uuid4().hex}.txt")]
+    warm_up = "import os\nfor i in range(50):\n    open(f'f{i}.txt', 'w').write('x')\n    os.listdir('.')\n"
     for target in targets:
-        snippet = f"open({str(target)!r}, 'w').write('x')\nprint('ok')"
+        snippet = f"{warm_up}open({str(target)!r}, 'w').write('x')\nprint('ok')"
         assert code_score("code", snippet, PRINTS_OK)["score"] == 0.0
         assert not target.exists()
         rm = f"import os\nos.remove({str(tmp_path / 'keep.txt')!r})\nprint('ok')"
@@ -137,6 +138,37 @@ def test_write_outside_scratch_is_refused_by_the_guard(tmp_path):
         sh = f"import os\nos.system('echo x > {target}')\nprint('ok')"
         assert code_score("code", sh, PRINTS_OK)["score"] == 0.0
         assert not target.exists()
+
+
+@needs_python
+def test_guard_holds_in_threads(tmp_path):
+    target = Path(f"/tmp/rlctl-sbx-test-{uuid.uuid4().hex}.txt")
+    snippet = (
+        "import threading\nerrors = []\n"
+        "def work():\n    for _ in range(200):\n        try:\n"
+        f"            open({str(target)!r}, 'w').write('x')\n"
+        "        except PermissionError:\n            errors.append(1)\n"
+        "ts = [threading.Thread(target=work) for _ in range(4)]\n"
+        "[t.start() for t in ts]\n[t.join() for t in ts]\nprint(len(errors))\n"
+    )
+    res = run_python(snippet)
+    assert res.ok, res.stderr
+    assert res.stdout.strip() == "800" and not target.exists()
+
+
+@needs_python
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "import subprocess",
+        "import _posixsubprocess",
+        "import ctypes",
+        "import os\nos.execv('/bin/true', ['true'])",
+    ],
+)
+def test_guard_refuses_starting_programs_and_ctypes(snippet):
+    res = run_python(snippet)
+    assert not res.ok and "PermissionError: sandbox:" in res.stderr
 
 
 @needs_python
