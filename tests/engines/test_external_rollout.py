@@ -6,10 +6,12 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rlctl.engines.fsdp_train import FSDPTrainEngine
 from rlctl.engines.registry import get_engine
-from rlctl.engines.rollout_batch import assemble_rollout
+from rlctl.engines.rollout_batch import assemble_rollout, unpadded_prompts
 from rlctl.engines.sglang_rollout import SGLangRolloutEngine
 from rlctl.engines.vllm_rollout import VLLMRolloutEngine
 from rlctl.errors import RunError, UserError
@@ -141,3 +143,24 @@ def test_assemble_rollout_checks_row_count():
             max_new_tokens=2,
             pad_token_id=0,
         )
+
+
+@given(
+    lens=st.lists(st.integers(0, 6), min_size=1, max_size=6),
+    max_new=st.integers(1, 6),
+)
+def test_assemble_rollout_pads_and_masks_any_lengths(lens, max_new):
+    n = 1
+    prompts = torch.arange(3 * len(lens)).view(len(lens), 3) + 1
+    pmask = torch.ones_like(prompts)
+    pmask[:, 0] = 0
+    responses = [list(range(10, 10 + k)) for k in lens]
+    log_probs = [[-0.5 * (j + 1) for j in range(k)] for k in lens]
+    out = assemble_rollout(prompts, pmask, responses, log_probs, n=n, max_new_tokens=max_new, pad_token_id=0)
+    for i, k in enumerate(lens):
+        k = min(k, max_new)
+        assert out["response_mask"][i].tolist() == [1] * k + [0] * (max_new - k)
+        assert out["responses"][i, :k].tolist() == responses[i][:k]
+        assert torch.all(out["responses"][i, k:] == 0) and torch.all(out["rollout_log_probs"][i, k:] == 0)
+    assert torch.equal(out["position_ids"], (out["attention_mask"].cumsum(-1) - 1).clamp(min=0))
+    assert [len(p) for p in unpadded_prompts(prompts, pmask, 2)] == [2] * (2 * len(lens))

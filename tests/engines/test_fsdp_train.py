@@ -168,3 +168,16 @@ def test_offload_onload_are_noops_on_cpu(model_dir):
     engine.offload()
     engine.onload()
     assert all(torch.equal(before[k], v) for k, v in engine.export_weights())
+
+
+def test_non_finite_gradients_skip_the_update(model_dir):
+    engine = FSDPTrainEngine(model_dir, optim=OptimConfig(lr=0.1))
+    before = {k: v.clone() for k, v in engine.export_weights()}
+
+    def nan_loss(outputs, mb, scale):
+        return outputs["log_probs"].sum() * float("nan"), {}
+
+    metrics = engine.train_batch(make_batch(2), nan_loss)
+    assert metrics["skipped"] == 1.0 and engine.global_step == 0
+    assert all(torch.equal(before[k], v) for k, v in engine.export_weights())
+    assert engine.train_batch(make_batch(2), token_mean_loss)["skipped"] == 0.0 and engine.global_step == 1

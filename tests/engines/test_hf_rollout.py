@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlctl.engines.fsdp_train import FSDPTrainEngine
 from rlctl.engines.hf_rollout import HFRolloutEngine
@@ -134,3 +136,40 @@ def test_bad_sampling_arguments_are_user_errors(models):
         _gen(engine, temperature=0.0)
     with pytest.raises(UserError, match="max_new_tokens"):
         _gen(engine, max_new_tokens=0)
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    path = make_model(tmp_path_factory.mktemp("p") / "m", seed=4)
+    return HFRolloutEngine(path), FSDPTrainEngine(path, micro_batch_size=4)
+
+
+@settings(max_examples=8)
+@given(
+    lens=st.lists(st.integers(1, 7), min_size=1, max_size=4),
+    n=st.integers(1, 3),
+    temperature=st.sampled_from([0.5, 0.7, 1.0, 1.3]),
+    top_p=st.sampled_from([1.0, 0.8]),
+    seed=st.integers(0, 2**16),
+)
+def test_log_probs_agree_for_any_padding_pattern(engines, lens, n, temperature, top_p, seed):
+    rollout, trainer = engines
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 64, (len(lens), 7), generator=g)
+    mask = torch.zeros_like(ids)
+    for i, length in enumerate(lens):
+        mask[i, 7 - length :] = 1
+    ids = ids * mask
+    out = rollout.generate(
+        ids,
+        mask,
+        n=n,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=5,
+        eos_token_id=EOS_SET,
+        generator=g,
+    )
+    rmask = out["response_mask"].bool()
+    recomputed = trainer.compute_log_prob(out, temperature=temperature)["log_probs"]
+    assert torch.allclose(recomputed[rmask], out["rollout_log_probs"][rmask], atol=1e-5, rtol=0)
