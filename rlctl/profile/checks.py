@@ -23,12 +23,12 @@ def check_profile(profile: Profile, origins: dict[str, Path]) -> None:
             f"expected a divisor of trainer.prompts_per_step ({profile.trainer.prompts_per_step}), got {mini}",
         )
     reward = profile.reward
-    if reward.kind == "function" and ":" not in reward.function:
+    if reward.kind == "custom" and ":" not in reward.function:
         fail("reward.function", f"expected 'path/to/file.py:function_name', got {reward.function!r}")
-    if reward.kind != "function" and reward.function:
-        fail("reward.function", f"set, but reward.kind is {reward.kind!r} (use kind = 'function')")
-    if reward.kind == "model" and not reward.model_path:
-        fail("reward.model_path", "required when reward.kind = 'model'")
+    if reward.kind != "custom" and reward.function:
+        fail("reward.function", f"set, but reward.kind is {reward.kind!r} (use kind = 'custom')")
+    if reward.kind == "reward_model" and not reward.model_path:
+        fail("reward.model_path", "required when reward.kind = 'reward_model'")
     if profile.algorithm.adv_estimator == "remax" and profile.rollout.n < 1:
         fail("rollout.n", "remax needs at least one sample per prompt")
     for name in profile.trainer.loggers:

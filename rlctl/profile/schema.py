@@ -42,7 +42,9 @@ class ClusterSection:
 
 @dataclass
 class ModelSection:
-    path: str = field("", "Local HF model directory (config + weights + tokenizer).", path=True)
+    path: str = field(
+        "", "Local HF model directory, or builtin:tiny-1m / builtin:tiny-10m (built locally).", path=True
+    )
     tokenizer: str = field("", "Tokenizer directory; empty means model.path.", path=True)
     trust_remote_code: bool = field(False, "Allow the model's own Python code to run (off unless asked).")
 
@@ -137,10 +139,12 @@ class CriticSection:
 @dataclass
 class RewardSection:
     kind: str = field(
-        "verifier", "Reward source.", choices=("verifier", "function", "model", "code")
+        "builtin",
+        "Reward source: builtin (the task's verifier), exact, numeric, math, custom, code, reward_model.",
+        choices=("builtin", "exact", "numeric", "math", "custom", "code", "reward_model"),
     )
-    function: str = field("", "Custom reward 'path/to/file.py:name' (kind = function).")
-    model_path: str = field("", "Reward model directory (kind = model).", path=True)
+    function: str = field("", "Custom reward 'path/to/file.py:name' (kind = custom); the only code a profile runs.")
+    model_path: str = field("", "Reward model directory (kind = reward_model).", path=True)
     timeout_s: float = field(5.0, "Per-sample time limit for function/code rewards.", gt=0)
     memory_mb: int = field(512, "Memory limit for sandboxed code rewards.", ge=16)
 
@@ -155,6 +159,19 @@ class TrainerSection:
     keep_checkpoints: int = field(2, "Checkpoints kept (older ones are deleted).", ge=1)
     export_hf: bool = field(True, "Export the final policy in HF format.")
     loggers: list[str] = field(["console", "jsonl"], "Metric sinks: console, jsonl, tensorboard, wandb.")
+
+
+@dataclass
+class SftSection:
+    steps: int = field(300, "Supervised optimiser steps (rlctl sft).", ge=1)
+    batch_sequences: int = field(64, "Sequences per SFT step.", ge=1)
+    lr: float = field(1e-3, "SFT learning rate.", gt=0)
+    warmup_steps: int = field(10, "SFT warmup steps.", ge=0)
+    eval_every: int = field(50, "Greedy validation every N SFT steps (0 = only at the end).", ge=0)
+    stop_at_accuracy: float = field(
+        0.0, "Stop at the first validation at or above this accuracy (0 = run all steps).", ge=0, le=1
+    )
+    export_to: str = field("", "Where the SFT'd model is written (default: RUN_DIR/hf).", path=True)
 
 
 @dataclass
@@ -174,6 +191,7 @@ class Profile:
     critic: CriticSection = None  # type: ignore[assignment]
     reward: RewardSection = None  # type: ignore[assignment]
     trainer: TrainerSection = None  # type: ignore[assignment]
+    sft: SftSection = None  # type: ignore[assignment]
     source: str = ""  # the file it was loaded from (not a profile key)
 
     @property
@@ -204,5 +222,6 @@ SECTIONS: dict[str, type] = {
     "critic": CriticSection,
     "reward": RewardSection,
     "trainer": TrainerSection,
+    "sft": SftSection,
 }
 TOP_LEVEL_KEYS = ("extends", "description")

@@ -1,0 +1,28 @@
+"""``rlctl train PROFILE``."""
+
+from __future__ import annotations
+
+import click
+
+from rlctl.cli.options import set_option
+from rlctl.profile import load_profile
+
+
+@click.command()
+@click.argument("profile_path", metavar="PROFILE", type=click.Path(dir_okay=False))
+@set_option
+@click.option("--output-dir", default=None, help="Parent of the run directory (default: run.output_dir).")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many steps.")
+@click.option(
+    "--resume",
+    default="auto",
+    show_default=True,
+    metavar="auto|never|PATH",
+    help="auto: continue from the run's latest checkpoint; never: start fresh; or a checkpoint dir.",
+)
+def train(profile_path: str, overrides: tuple[str, ...], output_dir: str | None, max_steps: int | None, resume: str) -> None:
+    """Run RL post-training from PROFILE."""
+    from rlctl.trainer.run import train as run_training
+
+    profile = load_profile(profile_path, overrides)
+    run_training(profile, output_dir=output_dir, max_steps=max_steps, resume=resume)

@@ -1,0 +1,166 @@
+"""Everything a run needs, built once from the Profile: platform, tokenizer, data, reward, workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlctl.data import PromptBatcher, load_dataset
+from rlctl.dispatch import DataProto, WorkerGroup, spawn_colocated
+from rlctl.dispatch.pool import ResourcePool
+from rlctl.errors import UserError
+from rlctl.log import get_logger
+from rlctl.platforms import resolve_platform
+from rlctl.profile.schema import Profile
+from rlctl.trainer.evaluate import scorer_for
+from rlctl.trainer.scoring import BatchScorer
+from rlctl.trainer.specs import build_specs
+from rlctl.trainer.workers import CriticWorker, PolicyWorker, ReferenceWorker
+
+log = get_logger("rlctl.setup")
+
+
+class PromptSource:
+    """The train prompt stream as DataProto batches, with a resumable position."""
+
+    def __init__(self, batcher: PromptBatcher) -> None:
+        self.batcher = batcher
+
+    def next_batch(self) -> DataProto:
+        return to_proto(self.batcher.next_batch())
+
+    def state_dict(self) -> dict[str, int]:
+        return self.batcher.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.batcher.load_state_dict(state)
+
+
+def to_proto(batch: Any) -> DataProto:
+    return DataProto.from_dict(
+        tensors={"input_ids": batch.input_ids, "attention_mask": batch.attention_mask},
+        non_tensors=batch.non_tensors,
+    )
+
+
+@dataclass
+class RunContext:
+    profile: Profile
+    run_dir: Path
+    platform: Any
+    tokenizer: Any
+    train_data: PromptSource
+    val_prompts: DataProto | None
+    reward: BatchScorer
+    policy: WorkerGroup
+    ref: WorkerGroup | None
+    critic: WorkerGroup | None
+
+    def sampling(self, validation: bool = False) -> dict[str, Any]:
+        """Sampling parameters sent with each generation request (validation: val_temperature)."""
+        r = self.profile.rollout
+        temperature = r.val_temperature if validation else r.temperature
+        return {
+            "temperature": temperature or 1.0,
+            "top_p": 1.0 if validation else r.top_p,
+            "top_k": 0 if validation else r.top_k,
+            "max_new_tokens": r.max_new_tokens,
+            "greedy": validation and r.val_temperature == 0,
+            "eos_token_id": self.tokenizer.eos_token_id,
+            "pad_token_id": self.tokenizer.pad_token_id
+            if self.tokenizer.pad_token_id is not None
+            else self.tokenizer.eos_token_id,
+        }
+
+    def shutdown(self) -> None:
+        for group in (self.policy, self.ref, self.critic):
+            if group is not None:
+                group.shutdown()
+
+
+def load_tokenizer(profile: Profile) -> Any:
+    from transformers import AutoTokenizer
+
+    path = profile.model.tokenizer or profile.model.path
+    if not Path(path).is_dir():
+        raise UserError(f"{profile.source}: model.path: not a local model directory: {path}")
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=profile.model.trust_remote_code)
+
+
+def load_prompts(profile: Profile, tokenizer: Any) -> tuple[PromptSource, DataProto | None]:
+    """Train stream plus the fixed validation prompts (the task's split, or data.val)."""
+    d, seed = profile.data, profile.run.seed
+    train = PromptBatcher(
+        load_dataset(d.train, "train", seed=seed),
+        tokenizer,
+        profile.trainer.prompts_per_step,
+        seed=seed,
+        max_prompt_length=d.max_prompt_length,
+        shuffle=d.shuffle,
+    )
+    val_spec = d.val or (d.train if d.train.startswith("builtin:") else "")
+    if not val_spec:
+        return PromptSource(train), None
+    val_ds = load_dataset(val_spec, "validation", seed=seed, limit=d.val_size or None)
+    val = PromptBatcher(val_ds, tokenizer, 1, seed=seed, max_prompt_length=d.max_prompt_length, shuffle=False)
+    return PromptSource(train), to_proto(val.make_batch(list(range(len(val.dataset))), "val-"))
+
+
+def build_context(profile: Profile, run_dir: Path) -> RunContext:
+    """Resolve the platform, load data and reward, spawn the colocated worker groups."""
+    platform = resolve_platform(profile.platform.vendor)
+    probe = platform.probe()
+    if not probe.found:
+        raise UserError(f"{profile.source}: platform.vendor: {platform.name} is not usable here: {probe.reason}")
+    tokenizer = load_tokenizer(profile)
+    train, val = load_prompts(profile, tokenizer)
+    scorer = scorer_for(profile, tokenizer)
+    dtype = profile.platform.dtype
+    if dtype == "auto":
+        dtype = "float32" if platform.device_type == "cpu" else "bfloat16"
+    attn = profile.platform.attention if profile.platform.attention != "auto" else platform.attention_impl()
+    specs = build_specs(
+        profile, device_type=platform.device_type, dtype=dtype, attn=attn, dist_backend=platform.dist_backend
+    )
+    roles: dict[str, type] = {"policy": PolicyWorker}
+    init: dict[str, dict] = {"policy": {"spec": specs.policy}}
+    if specs.ref is not None:
+        roles["ref"], init["ref"] = ReferenceWorker, {"spec": specs.ref}
+    if specs.critic is not None:
+        roles["critic"], init["critic"] = CriticWorker, {"spec": specs.critic}
+    c = profile.cluster
+    pool = ResourcePool(nodes=c.nodes, devices_per_node=c.devices_per_node, resource=platform.ray_resource)
+    log.info(
+        "starting workers",
+        platform=platform.name,
+        backend=c.backend,
+        world=pool.world_size,
+        roles=",".join(roles),
+        dtype=dtype,
+        attention=attn,
+    )
+    groups = spawn_colocated(
+        pool,
+        roles,
+        mesh={"dp": pool.world_size},
+        backend=c.backend,
+        init_kwargs=init,
+        env=platform.rollout_env(),
+        address=c.address,
+        default_timeout=c.call_timeout_s,
+    )
+    for group in groups.values():
+        group.init_model()
+    return RunContext(
+        profile=profile,
+        run_dir=run_dir,
+        platform=platform,
+        tokenizer=tokenizer,
+        train_data=train,
+        val_prompts=val,
+        reward=scorer,
+        policy=groups["policy"],
+        ref=groups.get("ref"),
+        critic=groups.get("critic"),
+    )

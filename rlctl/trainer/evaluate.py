@@ -1,0 +1,73 @@
+"""Greedy accuracy of a model on a profile's validation prompts, in this process (no workers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlctl.dispatch import DataProto
+from rlctl.profile.schema import Profile
+from rlctl.rewards.manager import build_reward_manager
+from rlctl.trainer.scoring import BatchScorer
+
+
+def scorer_for(profile: Profile, tokenizer: Any) -> BatchScorer:
+    rw = profile.reward
+    manager = build_reward_manager(
+        kind=rw.kind,
+        function=rw.function or None,
+        model_path=rw.model_path or None,
+        timeout_s=rw.timeout_s if rw.kind in ("custom", "math") else None,
+    )
+    return BatchScorer(
+        tokenizer,
+        manager,
+        max_new_tokens=profile.rollout.max_new_tokens,
+        overlong_buffer=profile.algorithm.overlong_buffer,
+        overlong_penalty_factor=profile.algorithm.overlong_penalty,
+    )
+
+
+def greedy_accuracy(
+    engine: Any, tokenizer: Any, prompts: DataProto, scorer: BatchScorer, max_new_tokens: int, chunk: int = 512
+) -> dict[str, float]:
+    """Generate greedily with a rollout engine and score; returns accuracy and mean score."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    parts = []
+    for start in range(0, len(prompts), chunk):
+        part = prompts[start : start + chunk]
+        out = engine.generate(
+            part.batch["input_ids"],
+            part.batch["attention_mask"],
+            max_new_tokens=max_new_tokens,
+            greedy=True,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=pad,
+        )
+        parts.append(scorer.score(DataProto.from_dict(tensors=out, non_tensors=part.non_tensor)))
+    batch = DataProto.concat(parts)
+    result = {"score_mean": batch.batch["scores"].float().mean().item(), "n": float(len(batch))}
+    if "acc" in batch.batch:
+        result["accuracy"] = batch.batch["acc"].float().mean().item()
+    return result
+
+
+def evaluate_model(profile: Profile, model_path: str, limit: int | None = None) -> dict[str, float]:
+    """Load ``model_path`` into the HF rollout engine and measure greedy validation accuracy."""
+    from transformers import AutoTokenizer
+
+    from rlctl.engines.hf_rollout import HFRolloutEngine
+    from rlctl.trainer.context import load_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=profile.model.trust_remote_code)
+    _, val = load_prompts(profile, tokenizer)
+    if val is None:
+        from rlctl.errors import UserError
+
+        raise UserError(f"{profile.source}: data.val: no validation prompts (set data.val to a file)")
+    if limit:
+        val = val[:limit]
+    engine = HFRolloutEngine(model_path, device="cpu", trust_remote_code=profile.model.trust_remote_code)
+    with torch.inference_mode():
+        return greedy_accuracy(engine, tokenizer, val, scorer_for(profile, tokenizer), profile.rollout.max_new_tokens)

@@ -1,0 +1,251 @@
+"""The driver loop: one readable function per stage of an RL step.
+
+Per step: sample prompts -> generate n responses (rollout engine) -> rewards -> old log-probs
+(training engine) -> reference log-probs (when a KL term is on) -> values (PPO) -> advantages
+(driver) -> critic and actor updates -> weight sync to the rollout engine -> metrics,
+validation, checkpoint. Everything heavy runs inside the worker groups; only the batch crosses.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlctl.algorithms.kl import make_kl_controller
+from rlctl.dispatch import DataProto
+from rlctl.errors import RunError
+from rlctl.log import get_logger
+from rlctl.profile import profile_to_dict
+from rlctl.tracking import Tracker
+from rlctl.trainer import checkpoint
+from rlctl.trainer.context import RunContext
+from rlctl.trainer.stages import StageTimer, batch_metrics, compute_advantages, groups_with_signal
+
+log = get_logger("rlctl.trainer")
+
+
+class Trainer:
+    """Runs ``profile.trainer.steps`` RL steps over the worker groups in ``ctx``."""
+
+    def __init__(self, ctx: RunContext, *, max_steps: int | None = None, resume: str = "auto") -> None:
+        self.ctx = ctx
+        self.p = ctx.profile
+        self.total_steps = min(self.p.trainer.steps, max_steps or self.p.trainer.steps)
+        self.resume = resume
+        self.step = 0
+        self.train_time_s = 0.0
+        self.kl_ctrl = make_kl_controller(
+            self.p.algorithm.kl_ctrl,
+            self.p.algorithm.kl_coef,
+            self.p.algorithm.kl_target,
+            self.p.algorithm.kl_horizon,
+        )
+        mini = self.p.actor.mini_batch_prompts or self.p.trainer.prompts_per_step
+        # Exactly on-policy (one epoch, one mini-batch, no KL-in-reward, no correction): the update's
+        # own log-probs equal the old ones, so the recompute pass is skipped (ratio == 1 by definition).
+        self.recompute_old_log_prob = (
+            self.p.actor.ppo_epochs > 1
+            or mini != self.p.trainer.prompts_per_step
+            or self.p.algorithm.use_kl_in_reward
+            or self.p.algorithm.rollout_correction != "off"
+        )
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def fit(self) -> dict[str, float]:
+        resumed_from = self._restore()
+        self.tracker = Tracker(
+            self.ctx.run_dir,
+            self.p.trainer.loggers,
+            self.p.run.name,
+            profile_to_dict(self.p),
+            self.total_steps,
+            resume=resumed_from is not None,
+            resume_step=self.step if resumed_from is not None else None,
+            source=f"{self.p.source}: trainer.loggers",
+        )
+        try:
+            return self._fit()
+        finally:
+            self.tracker.close()
+
+    def _fit(self) -> dict[str, float]:
+        last: dict[str, float] = {}
+        if self.step == 0 and self.p.trainer.val_at_start:
+            last = self.validate()
+            self.tracker.log(last, step=0)
+        try:
+            while self.step < self.total_steps:
+                self.step += 1
+                try:
+                    metrics = self.train_step()
+                except RunError as exc:
+                    raise RunError(f"step {self.step}: {exc}") from exc
+                if self._due(self.p.trainer.val_every):
+                    metrics.update(self.validate())
+                self.tracker.log(metrics, step=self.step)
+                last = metrics
+                if self._due(self.p.trainer.save_every):
+                    self.save()
+        except KeyboardInterrupt:
+            log.warning("interrupted; saving a checkpoint before stopping", step=self.step)
+            self.step -= 1  # the interrupted step did not finish
+            if self.step > 0:
+                self.save()
+            raise
+        if self.p.trainer.export_hf:
+            self.ctx.policy.export_hf(str(self.ctx.run_dir / "hf"))
+            self.ctx.tokenizer.save_pretrained(str(self.ctx.run_dir / "hf"))
+        return last
+
+    def train_step(self) -> dict[str, float]:
+        timer = StageTimer()
+        start = time.perf_counter()
+        batch, metrics = self.rollout(timer)
+        batch.meta["step"] = self.step
+        if self.recompute_old_log_prob:
+            with timer("old_log_prob"):
+                batch = batch.union(self.ctx.policy.compute_log_prob(batch))
+        if self.ctx.ref is not None:
+            with timer("ref"):
+                batch = batch.union(self.ctx.ref.compute_ref_log_prob(batch))
+        if self.ctx.critic is not None:
+            with timer("values"):
+                batch = batch.union(self.ctx.critic.compute_values(batch))
+        with timer("adv"):
+            batch, adv_metrics = compute_advantages(batch, self.p.algorithm, self.kl_ctrl)
+        if self.ctx.critic is not None:
+            with timer("update_critic"):
+                metrics.update(_mean(self.ctx.critic.update_critic(batch)))
+        with timer("update_actor"):
+            metrics.update(_mean(self.ctx.policy.update_actor(batch)))
+        with timer("sync"):
+            self.ctx.policy.sync_weights()
+        step_s = time.perf_counter() - start
+        self.train_time_s += step_s
+        tokens = float(batch.batch["attention_mask"].sum())
+        metrics.update(adv_metrics)
+        metrics.update(batch_metrics(batch, self.p.rollout.max_new_tokens))
+        metrics.update(timer.metrics())
+        metrics.update(
+            {"time/step": step_s, "train_time_s": self.train_time_s, "perf/tokens_per_s": tokens / step_s}
+        )
+        return metrics
+
+    # -- stages ------------------------------------------------------------------------------------
+    def rollout(self, timer: StageTimer) -> tuple[DataProto, dict[str, float]]:
+        """Prompts -> n scored responses each; DAPO's dynamic sampling keeps only informative groups."""
+        need = self.p.sequences_per_step
+        kept: list[DataProto] = []
+        dropped: list[DataProto] = []
+        rounds = 0
+        while True:
+            rounds += 1
+            with timer("gen"):
+                prompts = self.ctx.train_data.next_batch()
+                batch = self.generate(prompts, self.p.rollout.n, seed=self._seed(rounds))
+            with timer("reward"):
+                batch = self.ctx.reward.score(batch)
+                if self.p.algorithm.adv_estimator == "remax":
+                    batch = self._remax_baseline(prompts, batch)
+            if not self.p.algorithm.dynamic_sampling:
+                return batch, self.ctx.reward.last_metrics()
+            keep = groups_with_signal(batch.batch["scores"], batch.non_tensor["uid"])
+            kept.append(batch[np.flatnonzero(keep)])
+            dropped.append(batch[np.flatnonzero(~keep)])
+            have = sum(len(b) for b in kept)
+            if have >= need or rounds >= self.p.algorithm.max_sampling_rounds:
+                break
+        full = DataProto.concat([b for b in kept + dropped if len(b)])[:need]
+        metrics = self.ctx.reward.last_metrics()
+        metrics.update({"dapo/rounds": float(rounds), "dapo/kept_fraction": min(1.0, have / need)})
+        return full, metrics
+
+    def generate(self, prompts: DataProto, n: int, *, seed: int, validation: bool = False) -> DataProto:
+        """n responses per prompt (rows of one prompt adjacent), with the prompt's columns carried."""
+        rows = prompts.repeat(n, interleave=True)
+        request = rows.select(["input_ids", "attention_mask"])
+        request.meta.update(self.ctx.sampling(validation=validation), seed=seed)
+        out = self.ctx.policy.generate_sequences(request)
+        return DataProto.from_dict(
+            tensors=out.batch, non_tensors=rows.non_tensor, meta={"temperature": self.p.rollout.temperature}
+        )
+
+    def _remax_baseline(self, prompts: DataProto, batch: DataProto) -> DataProto:
+        greedy = self.ctx.reward.score(self.generate(prompts, 1, seed=self._seed(0), validation=True))
+        baseline = greedy.batch["scores"].float().repeat_interleave(self.p.rollout.n)
+        return batch.union(DataProto.from_dict(tensors={"reward_baselines": baseline}))
+
+    def validate(self) -> dict[str, float]:
+        """Greedy accuracy on the validation prompts (not counted in the training clock)."""
+        if self.ctx.val_prompts is None:
+            return {}
+        start = time.perf_counter()
+        batch = self.ctx.reward.score(self.generate(self.ctx.val_prompts, 1, seed=0, validation=True))
+        out = {
+            "val/score_mean": batch.batch["scores"].float().mean().item(),
+            "time/val": time.perf_counter() - start,
+        }
+        if "acc" in batch.batch:
+            out["val/accuracy"] = batch.batch["acc"].float().mean().item()
+        log.info("validation", step=self.step, **{k: round(v, 4) for k, v in out.items()})
+        return out
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def save(self) -> None:
+        state = {
+            "step": self.step,
+            "train_time_s": self.train_time_s,
+            "data": self.ctx.train_data.state_dict(),
+            "kl_ctrl": self.kl_ctrl.state_dict(),
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "numpy": np.random.get_state(),
+                "python": random.getstate(),
+            },
+        }
+
+        def write_roles(path) -> None:
+            self.ctx.policy.save_checkpoint(str(path))
+            if self.ctx.critic is not None:
+                self.ctx.critic.save_checkpoint(str(path))
+
+        where = checkpoint.save_checkpoint(
+            self.ctx.run_dir, self.step, state, write_roles, self.p.trainer.keep_checkpoints
+        )
+        log.info("checkpoint saved", step=self.step, path=str(where))
+
+    def _restore(self) -> Path | None:
+        path = checkpoint.find_resume_point(self.ctx.run_dir, self.resume)
+        if path is None:
+            return None
+        state = checkpoint.load_driver_state(path)
+        self.ctx.policy.load_checkpoint(str(path))
+        if self.ctx.critic is not None:
+            self.ctx.critic.load_checkpoint(str(path))
+        self.step = state["step"]
+        self.train_time_s = state["train_time_s"]
+        self.ctx.train_data.load_state_dict(state["data"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        torch.set_rng_state(state["rng"]["torch"])
+        np.random.set_state(state["rng"]["numpy"])
+        random.setstate(state["rng"]["python"])
+        log.info("resumed", step=self.step, path=str(path))
+        return path
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def _due(self, every: int) -> bool:
+        return self.step == self.total_steps or (every > 0 and self.step % every == 0)
+
+    def _seed(self, round_: int) -> int:
+        return (self.p.run.seed * 1_000_003 + self.step * 101 + round_) % (2**31)
+
+
+def _mean(per_rank: list[dict[str, float]] | dict[str, float]) -> dict[str, float]:
+    if isinstance(per_rank, dict):
+        return per_rank
+    keys = {k for m in per_rank for k in m}
+    return {k: float(np.mean([m[k] for m in per_rank if k in m])) for k in keys}

@@ -1,0 +1,98 @@
+"""Loss closures handed to the training engine: the actor objective and the critic's value loss.
+
+Each closure returns one micro-batch's exact share of the mini-batch loss (``LossScale`` carries
+the mini-batch totals), so gradients do not depend on the micro-batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from rlctl.algorithms import (
+    PolicyLossConfig,
+    actor_loss,
+    entropy_loss,
+    get_policy_loss,
+    kl_loss,
+    kl_penalty,
+    masked_mean,
+    value_loss,
+)
+from rlctl.engines.optim import LossScale
+from rlctl.trainer.specs import ActorLossSpec, CriticSpec
+
+Batch = dict[str, torch.Tensor]
+LossFn = Callable[[Batch, Batch, LossScale], tuple[torch.Tensor, dict[str, float]]]
+
+
+def _agg(scale: LossScale, norm_constant: float | None) -> dict:
+    return {
+        "global_tokens": scale.global_tokens,
+        "global_seqs": scale.global_seqs,
+        "dp_size": scale.dp_size,
+        "norm_constant": norm_constant,
+    }
+
+
+def make_actor_loss(spec: ActorLossSpec) -> LossFn:
+    """Policy-gradient loss - entropy bonus + KL loss, as configured."""
+    policy_loss = get_policy_loss(spec.policy_loss)
+    base = PolicyLossConfig(
+        clip_ratio_low=spec.clip_ratio_low,
+        clip_ratio_high=spec.clip_ratio_high,
+        clip_ratio_c=spec.clip_ratio_c,
+        loss_agg_mode=spec.loss_agg_mode,
+        norm_constant=spec.norm_constant,
+    )
+
+    def loss_fn(out: Batch, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = mb["response_mask"]
+        log_prob = out["log_probs"]
+        # On-policy single update: the old policy is the current one, so use its detached log-probs.
+        old = mb["old_log_probs"] if "old_log_probs" in mb else log_prob.detach()
+        config = base.with_batch(
+            global_tokens=scale.global_tokens, global_seqs=scale.global_seqs, dp_size=scale.dp_size
+        )
+        pg, metrics = policy_loss(
+            old, log_prob, mb["advantages"], mask, spec.loss_agg_mode, config, mb.get("rollout_is_weights")
+        )
+        agg = _agg(scale, spec.norm_constant)
+        ent = entropy_loss(out["entropy"], mask, spec.loss_agg_mode, **agg) if "entropy" in out else None
+        kl = None
+        if spec.use_kl_loss:
+            kl, _ = kl_loss(log_prob, mb["ref_log_probs"], mask, spec.kl_loss_type, spec.loss_agg_mode, **agg)
+            metrics["kl"] = masked_mean(
+                kl_penalty(log_prob.detach(), mb["ref_log_probs"], spec.kl_loss_type), mask
+            ).item()
+        total = actor_loss(pg, ent, spec.entropy_coeff, kl, spec.kl_loss_coef)
+        with torch.no_grad():  # the micro-batch's own (unshared) value, for reporting
+            local_pg, _ = policy_loss(old, log_prob, mb["advantages"], mask, spec.loss_agg_mode, base)
+        metrics["pg_loss"] = local_pg.item()
+        if "entropy" in out:
+            metrics["entropy"] = masked_mean(out["entropy"].detach(), mask).item()
+        return total, metrics
+
+    return loss_fn
+
+
+def make_critic_loss(spec: CriticSpec) -> LossFn:
+    """Clipped value loss against the returns computed on the driver."""
+
+    def loss_fn(out: Batch, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = mb["response_mask"]
+        loss, metrics = value_loss(
+            out["values"],
+            mb["returns"],
+            mb["values"],
+            mask,
+            spec.cliprange_value,
+            spec.loss_agg_mode,
+            **_agg(scale, None),
+        )
+        metrics["vpred_mean"] = masked_mean(out["values"].detach(), mask).item()
+        metrics["vf_loss"] = masked_mean(0.5 * (out["values"].detach() - mb["returns"]) ** 2, mask).item()
+        return loss, metrics
+
+    return loss_fn

@@ -1,0 +1,35 @@
+"""``rlctl train`` end to end: profile -> run directory -> context -> Trainer.fit -> shutdown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlctl.log import get_logger
+from rlctl.profile import Profile, profile_to_toml
+
+log = get_logger("rlctl.train")
+
+
+def run_dir_for(profile: Profile, output_dir: str | None) -> Path:
+    return Path(output_dir or profile.run.output_dir) / profile.run.name
+
+
+def train(profile: Profile, *, output_dir: str | None = None, max_steps: int | None = None, resume: str = "auto") -> dict:
+    """Run (or resume) the RL loop the profile describes; returns the last step's metrics."""
+    from dataclasses import replace
+
+    from rlctl.trainer.context import build_context
+    from rlctl.trainer.loop import Trainer
+    from rlctl.trainer.models import materialize_model
+
+    run_dir = run_dir_for(profile, output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model_path = materialize_model(profile.model.path, run_dir / "base_model", seed=profile.run.seed)
+    profile = replace(profile, model=replace(profile.model, path=model_path))
+    (run_dir / "profile.toml").write_text(profile_to_toml(profile))
+    log.info("run directory", path=str(run_dir))
+    ctx = build_context(profile, run_dir)
+    try:
+        return Trainer(ctx, max_steps=max_steps, resume=resume).fit()
+    finally:
+        ctx.shutdown()

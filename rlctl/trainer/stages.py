@@ -1,0 +1,109 @@
+"""Driver-side stages of a step that need no worker: rewards, KL penalty, advantages, metrics.
+
+They act on the step's DataProto with small tensors (scores, masks, log-probs), so they run on
+the driver where they are easy to read and to change.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from rlctl.algorithms import get_adv_estimator
+from rlctl.algorithms.kl import apply_kl_penalty
+from rlctl.dispatch import DataProto
+
+
+class StageTimer:
+    """Seconds per named stage of one step (``time/<stage>`` metrics)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        return {f"time/{k}": v for k, v in self.seconds.items()}
+
+
+def token_level_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Place each sequence's scalar score on its last response token (outcome reward)."""
+    out = torch.zeros(response_mask.shape, dtype=torch.float32)
+    last = (response_mask.sum(-1) - 1).clamp(min=0).long()
+    out[torch.arange(len(scores)), last] = scores.float()
+    return out * (response_mask.sum(-1, keepdim=True) > 0)
+
+
+def compute_advantages(batch: DataProto, algo, kl_ctrl) -> tuple[DataProto, dict[str, float]]:
+    """Rewards (with the optional in-reward KL penalty), then the profile's advantage estimator."""
+    t = batch.batch
+    metrics: dict[str, float] = {}
+    rewards = t["token_level_scores"]
+    if algo.use_kl_in_reward:
+        rewards, kl_metrics = apply_kl_penalty(
+            t["token_level_scores"],
+            t["old_log_probs"],
+            t["ref_log_probs"],
+            t["response_mask"],
+            kl_ctrl,
+            kind=algo.kl_penalty,
+        )
+        metrics.update(kl_metrics)
+    estimator = get_adv_estimator(algo.adv_estimator)
+    kwargs = {
+        "token_level_rewards": rewards,
+        "response_mask": t["response_mask"],
+        "index": batch.non_tensor["uid"],
+        "gamma": algo.gamma,
+        "lam": algo.lam,
+        "norm_adv_by_std_in_grpo": algo.norm_adv_by_std,
+    }
+    if "values" in t:
+        kwargs["values"] = t["values"]
+    if "reward_baselines" in t:
+        kwargs["reward_baselines"] = t["reward_baselines"]
+    advantages, returns = estimator(**kwargs)
+    out = DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "advantages": advantages, "returns": returns}
+    )
+    return batch.union(out), metrics
+
+
+def batch_metrics(batch: DataProto, max_new_tokens: int) -> dict[str, float]:
+    """Reward, accuracy and response-length statistics of one step's batch (verl's names)."""
+    t = batch.batch
+    lengths = t["response_mask"].sum(-1).float()
+    scores = t["scores"].float()
+    metrics = {
+        "reward/score_mean": scores.mean().item(),
+        "reward/score_std": scores.std(unbiased=False).item() if len(scores) > 1 else 0.0,
+        "response_length/mean": lengths.mean().item(),
+        "response_length/max": lengths.max().item(),
+        "response_length/clip_ratio": (lengths >= max_new_tokens).float().mean().item(),
+    }
+    if "acc" in t:
+        metrics["reward/accuracy"] = t["acc"].float().mean().item()
+    if "advantages" in t:
+        mask = t["response_mask"].bool()
+        metrics["adv/mean"] = t["advantages"][mask].mean().item() if mask.any() else 0.0
+    return metrics
+
+
+def groups_with_signal(scores: torch.Tensor, uids: np.ndarray) -> np.ndarray:
+    """DAPO dynamic sampling: keep rows whose group's scores are not all equal."""
+    keep = np.zeros(len(uids), dtype=bool)
+    for uid in np.unique(uids):
+        rows = np.flatnonzero(uids == uid)
+        group = scores[rows]
+        keep[rows] = bool((group != group[0]).any())
+    return keep

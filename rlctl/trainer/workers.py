@@ -1,0 +1,237 @@
+"""The SPMD programs of each role: one instance per rank, called through the dispatch runtime.
+
+PolicyWorker holds the actor's training engine and the rollout engine in one process (the
+colocated HybridEngine); ReferenceWorker and CriticWorker hold frozen / value models. Workers only
+move tensors: the algorithm lives on the driver and in the loss closures of ``losses.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from rlctl.dispatch import DataProto, Dispatch, Worker, register
+from rlctl.engines.registry import get_engine
+from rlctl.trainer.losses import make_actor_loss, make_critic_loss
+from rlctl.trainer.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec, UpdateSpec
+
+TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+FAULT_ENV = "RLCTL_INJECT_FAULT"  # "<method>@<step>[:rank]": raise there (tests of failure reporting)
+
+
+def inject_fault(worker: Worker, method: str, step: int | None) -> None:
+    """Raise in ``method`` at ``step`` when RLCTL_INJECT_FAULT asks for it (never set in normal runs)."""
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec or step is None:
+        return
+    where, _, rank = spec.partition(":")
+    name, _, at = where.partition("@")
+    if name == method and at.isdigit() and int(at) == step and (not rank or int(rank) == worker.rank):
+        raise RuntimeError(f"injected fault in {method} at step {step} ({FAULT_ENV}={spec})")
+
+
+def _model_type(path: str) -> str:
+    try:
+        return json.loads((Path(path) / "config.json").read_text())["model_type"]
+    except (OSError, KeyError, ValueError):
+        return "*"
+
+
+def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool = False):
+    """Initialise torch.distributed for this group if needed, then build an FSDP2 engine."""
+    if worker.world_size > 1:
+        worker.init_distributed(spec.dist_backend)
+    torch.manual_seed(spec.seed)
+    cls = get_engine("train", _model_type(spec.model_path), "fsdp2", spec.device_type)
+    return cls(
+        spec.model_path,
+        device=spec.device_type,
+        dtype=spec.dtype,
+        trust_remote_code=spec.trust_remote_code,
+        value_head=value_head,
+        activation_checkpointing=spec.activation_checkpointing,
+        cpu_offload=spec.offload,
+        attn_implementation=spec.attn_implementation,
+        optim=optim,
+        micro_batch_size=spec.micro_batch_sequences,
+    )
+
+
+def _train_view(batch: DataProto, *extra: str) -> dict[str, torch.Tensor]:
+    keys = [k for k in (*TRAIN_KEYS, *extra) if k in batch.batch]
+    return {k: batch.batch[k] for k in keys}
+
+
+def _mini_batches(batch: dict[str, torch.Tensor], spec: UpdateSpec) -> list[dict[str, torch.Tensor]]:
+    """This rank's share cut into ``spec.mini_batches`` optimiser steps, in order."""
+    n = next(iter(batch.values())).shape[0]
+    size = max(1, -(-n // spec.mini_batches))
+    return [{k: v[i : i + size] for k, v in batch.items()} for i in range(0, n, size)]
+
+
+def _mean(metrics: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for m in metrics for k in m}
+    return {k: sum(m[k] for m in metrics if k in m) / sum(1 for m in metrics if k in m) for k in keys}
+
+
+class PolicyWorker(Worker):
+    """Actor (FSDP2 training engine) + rollout engine, colocated; weights move in memory."""
+
+    def __init__(self, spec: PolicySpec) -> None:
+        super().__init__()
+        self.spec = spec
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        spec = self.spec
+        self.actor = _train_engine(self, spec.engine, optim=spec.optim)
+        rollout_cls = get_engine(
+            "rollout", _model_type(spec.engine.model_path), spec.rollout_engine, spec.engine.device_type
+        )
+        self.rollout = rollout_cls(
+            spec.engine.model_path,
+            device=spec.engine.device_type,
+            dtype=spec.engine.dtype,
+            attn_implementation=spec.engine.attn_implementation,
+            trust_remote_code=spec.engine.trust_remote_code,
+        )
+        self.actor_loss = make_actor_loss(spec.loss)
+        self.sync_weights()
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Sample one response per row (the driver repeats prompts n times beforehand)."""
+        meta = prompts.meta
+        generator = torch.Generator().manual_seed(int(meta["seed"]) * 1_000_003 + self.rank)
+        out = self.rollout.generate(
+            prompts.batch["input_ids"],
+            prompts.batch["attention_mask"],
+            n=1,
+            temperature=float(meta.get("temperature", 1.0)),
+            top_p=float(meta.get("top_p", 1.0)),
+            top_k=int(meta.get("top_k", 0)),
+            max_new_tokens=int(meta["max_new_tokens"]),
+            greedy=bool(meta.get("greedy", False)),
+            eos_token_id=meta["eos_token_id"],
+            pad_token_id=meta["pad_token_id"],
+            generator=generator,
+        )
+        out = _pad_responses(out, int(meta["max_new_tokens"]), int(meta["pad_token_id"]))
+        return DataProto.from_dict(tensors=out)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, batch: DataProto) -> DataProto:
+        out = self.actor.compute_log_prob(
+            _train_view(batch), temperature=float(batch.meta.get("temperature", 1.0)), with_entropy=True
+        )
+        return DataProto.from_dict(tensors={"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
+    def update_actor(self, batch: DataProto) -> dict[str, float]:
+        inject_fault(self, "update_actor", batch.meta.get("step"))
+        extra = ("old_log_probs", "ref_log_probs", "advantages", "rollout_is_weights")
+        view = _train_view(batch, *extra)
+        metrics = []
+        for _ in range(self.spec.update.ppo_epochs):
+            for mini in _mini_batches(view, self.spec.update):
+                metrics.append(
+                    self.actor.train_batch(mini, self.actor_loss, temperature=self.spec.update.temperature)
+                )
+        return {f"actor/{k}": v for k, v in _mean(metrics).items()}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_weights(self) -> None:
+        """Training layout -> rollout engine, in memory, one bucket of parameters at a time."""
+        self.rollout.update_weights(self.actor.export_weights("full"))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.actor.save_checkpoint(Path(path) / "actor")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.actor.load_checkpoint(Path(path) / "actor")
+        self.sync_weights()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_hf(self, path: str) -> None:
+        self.actor.save_hf(path)
+
+
+class ReferenceWorker(Worker):
+    """The frozen reference policy: log-probs only."""
+
+    def __init__(self, spec: RefSpec) -> None:
+        super().__init__()
+        self.spec = spec
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        self.ref = _train_engine(self, self.spec.engine)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        out = self.ref.compute_log_prob(
+            _train_view(batch), temperature=float(batch.meta.get("temperature", 1.0))
+        )
+        return DataProto.from_dict(tensors={"ref_log_probs": out["log_probs"]})
+
+
+class CriticWorker(Worker):
+    """The value model of PPO: values and its own optimiser steps."""
+
+    def __init__(self, spec: CriticSpec) -> None:
+        super().__init__()
+        self.spec = spec
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        self.critic = _train_engine(self, self.spec.engine, optim=self.spec.optim, value_head=True)
+        self.critic_loss = make_critic_loss(self.spec)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, batch: DataProto) -> DataProto:
+        return DataProto.from_dict(tensors={"values": self.critic.compute_values(_train_view(batch))})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
+    def update_critic(self, batch: DataProto) -> dict[str, float]:
+        view = _train_view(batch, "values", "returns")
+        metrics = []
+        for _ in range(self.spec.update.ppo_epochs):
+            for mini in _mini_batches(view, self.spec.update):
+                metrics.append(self.critic.train_batch(mini, self.critic_loss))
+        return {f"critic/{k}": v for k, v in _mean(metrics).items()}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.critic.save_checkpoint(Path(path) / "critic")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.critic.load_checkpoint(Path(path) / "critic")
+
+
+def _pad_responses(out: dict[str, torch.Tensor], length: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad the response part to a fixed length so every rank returns the same shapes."""
+    resp = out["responses"]
+    extra = length - resp.shape[1]
+    if extra <= 0:
+        return out
+    b = resp.shape[0]
+    pad_tok = torch.full((b, extra), pad_id, dtype=resp.dtype)
+    zeros = torch.zeros((b, extra), dtype=out["response_mask"].dtype)
+    padded = dict(out)
+    padded["responses"] = torch.cat([resp, pad_tok], 1)
+    padded["response_mask"] = torch.cat([out["response_mask"], zeros], 1)
+    padded["input_ids"] = torch.cat([out["input_ids"], pad_tok], 1)
+    padded["attention_mask"] = torch.cat([out["attention_mask"], zeros.to(out["attention_mask"].dtype)], 1)
+    last = out["position_ids"][:, -1:]
+    padded["position_ids"] = torch.cat([out["position_ids"], last + torch.arange(1, extra + 1)], 1)
+    if "rollout_log_probs" in out:
+        padded["rollout_log_probs"] = torch.cat(
+            [out["rollout_log_probs"], torch.zeros((b, extra), dtype=out["rollout_log_probs"].dtype)], 1
+        )
+    return padded
