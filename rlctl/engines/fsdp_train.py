@@ -166,9 +166,16 @@ class FSDPTrainEngine:
 
     @torch.no_grad()
     def compute_log_prob(
-        self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+        self,
+        batch: Batch,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        micro_batch_size: int | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Per-token log-probs (B, R) of ``responses`` (and entropy) under ``temperature``; no grad."""
+        """Per-token log-probs (B, R) of ``responses`` (and entropy) under ``temperature``; no grad.
+
+        ``micro_batch_size`` overrides the engine's for this call (inference can take bigger ones).
+        """
         if self.value_head:
             raise UserError(
                 "compute_log_prob needs a causal LM engine; this one was built with value_head=True"
@@ -176,20 +183,20 @@ class FSDPTrainEngine:
         self.model.eval()
         outs = [
             self._forward(mb, temperature=temperature, with_entropy=with_entropy)
-            for mb in self._split(batch, "compute_log_prob")
+            for mb in self._split(batch, "compute_log_prob", micro_batch_size)
         ]
         self._reshard()
         return {k: torch.cat([o[k] for o in outs]).cpu() for k in outs[0]}
 
     @torch.no_grad()
-    def compute_values(self, batch: Batch) -> torch.Tensor:
+    def compute_values(self, batch: Batch, micro_batch_size: int | None = None) -> torch.Tensor:
         """Critic values (B, R) aligned with the response tokens (position P-1+t)."""
         if not self.value_head:
             raise UserError("compute_values needs an engine built with value_head=True")
         self.model.eval()
         outs = [
             self._forward(mb, temperature=1.0, with_entropy=False)
-            for mb in self._split(batch, "compute_values")
+            for mb in self._split(batch, "compute_values", micro_batch_size)
         ]
         self._reshard()
         return torch.cat([o["values"] for o in outs]).cpu()
@@ -210,10 +217,10 @@ class FSDPTrainEngine:
         if self.distributed and hasattr(self.model, "reshard"):
             self.model.reshard()
 
-    def _split(self, batch: Batch, what: str) -> list[Batch]:
+    def _split(self, batch: Batch, what: str, micro_batch_size: int | None = None) -> list[Batch]:
         """Micro-batches; under FSDP every rank must run the same number (each forward is a
         collective), so a mismatch is a RunError instead of a hang."""
-        parts = split_batch(batch, self.micro_batch_size)
+        parts = split_batch(batch, micro_batch_size or self.micro_batch_size)
         if self.distributed:
             counts = torch.tensor([len(parts), -len(parts)], device=self.device)
             dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=self._group())

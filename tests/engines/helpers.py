@@ -93,3 +93,17 @@ def seq_mean_loss(outputs, mb, scale):
     per_seq = -(outputs["log_probs"] * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     loss = per_seq.sum() / scale.global_seqs * scale.dp_size
     return loss, {"loss": float(loss.detach())}
+
+
+def seq_mean_token_sum_loss(outputs, mb, scale):
+    """verl's seq-mean-token-sum: per-sequence token sum, mean over sequences."""
+    mask = mb["response_mask"].float()
+    loss = -(outputs["log_probs"] * mask).sum() / scale.global_seqs * scale.dp_size
+    return loss, {"loss": float(loss.detach())}
+
+
+def seq_mean_token_sum_norm_loss(outputs, mb, scale, horizon: int = 5):
+    """verl's seq-mean-token-sum-norm (Dr. GRPO): token sum over a fixed horizon, mean over sequences."""
+    mask = mb["response_mask"].float()
+    loss = -(outputs["log_probs"] * mask).sum() / horizon / scale.global_seqs * scale.dp_size
+    return loss, {"loss": float(loss.detach())}

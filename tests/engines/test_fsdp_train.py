@@ -8,7 +8,15 @@ import torch
 from rlctl.engines.fsdp_train import FSDPTrainEngine, split_batch
 from rlctl.engines.optim import OptimConfig, lr_lambda
 from rlctl.errors import UserError
-from tests.engines.helpers import make_batch, make_model, reference_log_probs, seq_mean_loss, token_mean_loss
+from tests.engines.helpers import (
+    make_batch,
+    make_model,
+    reference_log_probs,
+    seq_mean_loss,
+    seq_mean_token_sum_loss,
+    seq_mean_token_sum_norm_loss,
+    token_mean_loss,
+)
 
 torch.set_num_threads(1)
 
@@ -22,7 +30,11 @@ def _grads(engine) -> torch.Tensor:
     return torch.cat([p.grad.flatten() for p in engine.model.parameters() if p.grad is not None])
 
 
-@pytest.mark.parametrize("loss_fn", [token_mean_loss, seq_mean_loss], ids=["token-mean", "seq-mean"])
+@pytest.mark.parametrize(
+    "loss_fn",
+    [token_mean_loss, seq_mean_loss, seq_mean_token_sum_loss, seq_mean_token_sum_norm_loss],
+    ids=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"],
+)
 def test_gradients_do_not_depend_on_micro_batch_size(model_dir, loss_fn):
     batch = make_batch(8, prompt_len=7, resp_len=6, seed=11)
     grads, norms = {}, {}
@@ -30,7 +42,7 @@ def test_gradients_do_not_depend_on_micro_batch_size(model_dir, loss_fn):
         engine = FSDPTrainEngine(model_dir, micro_batch_size=mbs, optim=OptimConfig(lr=0.0, grad_clip=0.0))
         norms[mbs] = engine.train_batch(batch, loss_fn)["grad_norm"]
         grads[mbs] = _grads(engine)
-    ref = grads[8 // 8]
+    ref = grads[1]
     assert ref.norm() > 0
     for mbs, g in grads.items():
         assert (g - ref).norm() / ref.norm() <= 1e-6, mbs
@@ -61,6 +73,9 @@ def test_log_probs_and_entropy_match_a_plain_forward(model_dir):
     batch = make_batch(5, seed=4)
     engine = FSDPTrainEngine(model_dir, micro_batch_size=2)
     out = engine.compute_log_prob(batch, temperature=0.7, with_entropy=True)
+    assert torch.allclose(
+        engine.compute_log_prob(batch, 0.7, micro_batch_size=5)["log_probs"], out["log_probs"], atol=1e-6
+    )
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     ref = reference_log_probs(model, batch, 0.7)
     mask = batch["response_mask"].bool()
