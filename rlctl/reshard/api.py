@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from typing import Any
@@ -19,7 +20,7 @@ DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 
 def _spec(config: Any, dtype: torch.dtype) -> ModelSpec:
     if isinstance(config, ModelSpec):
-        return config if config.dtype == dtype else ModelSpec(**{**config.__dict__, "dtype": dtype})
+        return config if config.dtype == dtype else dataclasses.replace(config, dtype=dtype)
     return spec_from_config(config, dtype)
 
 

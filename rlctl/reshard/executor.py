@@ -89,6 +89,11 @@ class RankExecutor:
         lt = self.plan.dst.ranks[self.rank][ti]
         given = self._out.get(lt.name)
         if given is not None:
+            if tuple(given.shape) != lt.shape or given.dtype != self.dtype:
+                raise RunError(
+                    f"reshard rank {self.rank}: out[{lt.name!r}] is {tuple(given.shape)} {given.dtype}, "
+                    f"{self.plan.dst.kind} needs {lt.shape} {self.dtype}"
+                )
             t = given
         else:
             t = torch.empty(lt.shape, dtype=self.dtype, device=self.device)

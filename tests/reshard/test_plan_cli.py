@@ -63,3 +63,29 @@ def test_bench_reshard_json_single_rank() -> None:
         assert r["bytes_out"] == spec.nbytes() + padded
         assert r["seconds"] > 0 and r["memcpy_gbps"] > 0
     assert rows[2]["bytes_moved"] > 0 and rows[0]["bytes_moved"] == 0
+
+
+def test_single_rank_fills_given_buffers_in_place() -> None:
+    from rlctl.errors import RunError
+    from rlctl.reshard.api import reshard_train_to_rollout
+    from tests.reshard.strategies import full_state
+    from tests.reshard.vllm_reference import vllm_shard
+
+    spec = spec_from_config(CFG, torch.bfloat16)
+    full = full_state(spec, 1)
+    plan = train_to_rollout_plan(spec, 1, 1, bucket_bytes=1 << 20)
+    out = {lt.name: torch.full(lt.shape, 7.0, dtype=spec.dtype) for lt in plan.dst.ranks[0]}
+    stats: dict[str, int] = {}
+    got = {}
+    for items in reshard_train_to_rollout(
+        CFG, train_world=1, rank=0, rollout_tp=1, local_shards=full, out=out, stats=stats
+    ):
+        got.update(items)
+    ref = vllm_shard(full, CFG, 0, 1)
+    for name, t in ref.items():
+        assert got[name] is out[name] and torch.equal(t, out[name])  # padding rows re-zeroed too
+    assert stats["peak_extra_bytes"] == 0  # nothing allocated beyond the caller's buffers
+    bad = dict(out)
+    bad["model.norm.weight"] = torch.zeros(3, dtype=spec.dtype)
+    with pytest.raises(RunError, match="model.norm.weight"):
+        list(reshard_train_to_rollout(CFG, train_world=1, rank=0, rollout_tp=1, local_shards=full, out=bad))
