@@ -84,6 +84,7 @@ class SandboxPlan:
     gid: int | None
     netns: bool
     cgroup_base: str | None  # directory under which per-run pids cgroups are made
+    uid_pool: bool = True  # per-run uids from UID_POOL; False: always ``uid`` (containers with few uids)
 
     @property
     def process_limit(self) -> bool:
@@ -97,8 +98,8 @@ _run_counter = itertools.count()
 
 def _run_uid(plan: SandboxPlan) -> int | None:
     """A uid for one run: cycles through the pool, skipping ids that name real users."""
-    if plan.uid is None:
-        return None
+    if plan.uid is None or not plan.uid_pool:
+        return plan.uid
     taken = _passwd_uids()
     for _ in range(len(UID_POOL)):
         uid = UID_POOL[(next(_run_counter) * 7 + os.getpid()) % len(UID_POOL)]
@@ -179,9 +180,12 @@ def _probe_plan(user: str) -> SandboxPlan:
     candidates = [sys.executable, getattr(sys, "_base_executable", None), "/usr/bin/python3"]
     candidates += [shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")]
     log = get_logger("rlctl.sandbox")
-    for netns in (True, False):
+    combos = [
+        (netns, pool) for netns in (True, False) for pool in ((True, False) if uid is not None else (False,))
+    ]
+    for netns, pool in combos:
         for exe in dict.fromkeys(c for c in candidates if c):
-            plan = SandboxPlan(exe, uid, gid, netns, cgroup_base)
+            plan = SandboxPlan(exe, uid, gid, netns, cgroup_base, uid_pool=pool)
             res = _run(plan, "import sys; print(sys.version_info[0])", "", SandboxLimits(timeout_s=10))
             if res.ok and res.stdout.strip() == "3":
                 log.debug("sandbox plan", python=exe, uid=uid, netns=netns, cgroup=cgroup_base)
