@@ -11,7 +11,9 @@ side by side on the same Ray:
   those bytes through the object store at all; no workers, zero-copy get).
 
 Ratios are ``dispatch / raw_round_trip`` (the dispatch layer's overhead; the target is <= 1.2 at
-100 MB) and ``dispatch / raw_put_get``. Medians of ``repeats`` rounds after one warm-up; the three sides alternate within each round.
+100 MB; also given best-vs-best, which shows the floor on a noisy host) and ``dispatch / raw_put_get``.
+The known extra cost over raw Ray is one copy per rank of its input shard: unpickled tensors own
+writable memory instead of aliasing the immutable object store (see ``rlctl.dispatch.proto``). Medians of ``repeats`` rounds after one warm-up; the three sides alternate within each round.
 """
 
 from __future__ import annotations
@@ -156,5 +158,6 @@ def _measure(wg: WorkerGroup, raw: list[Any], batch: DataProto, n: int, repeats:
         "raw_put_get_s": med["raw_put_get"],
         "ratio_vs_round_trip": med["dispatch"] / med["raw_round_trip"],
         "ratio_vs_put_get": med["dispatch"] / med["raw_put_get"],
+        "ratio_best_vs_round_trip": min(t["dispatch"]) / min(t["raw_round_trip"]),
         "samples": t,
     }

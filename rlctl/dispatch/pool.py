@@ -28,8 +28,8 @@ class ResourcePool:
     max_groups: int = 4
     name: str = ""
     ready_timeout_s: float = 120.0
-    _pgs: list[Any] = field(default_factory=list, repr=False)
-    _node_ids: list[str] = field(default_factory=list, repr=False)
+    _pgs: list[Any] = field(default_factory=list, repr=False, init=False)
+    _node_ids: list[str] = field(default_factory=list, repr=False, init=False)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.devices_per_node < 1:
