@@ -97,15 +97,17 @@ def register(
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Mark a Worker method as callable from the driver through its WorkerGroup.
 
-    ``timeout`` is reserved for the driver side (``wg.method(batch, timeout=30)``), so a
-    registered method may not take a parameter of that name.
+    ``timeout`` and ``blocking`` are the driver's per-call options (``wg.method(batch, timeout=30)``),
+    so a registered method may not take parameters with those names.
     """
     mode = get_mode(dispatch_mode)  # fail at import time for unknown modes
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if "timeout" in inspect.signature(fn).parameters:
+        reserved = {"timeout", "blocking"} & set(inspect.signature(fn).parameters)
+        if reserved:
             raise TypeError(
-                f"@register method {fn.__qualname__} may not take 'timeout': it is the call timeout"
+                f"@register method {fn.__qualname__} may not take {sorted(reserved)}: "
+                "those keywords are the driver's call options"
             )
         setattr(fn, SPEC_ATTR, MethodSpec(mode.name, execute_mode, blocking))
         return fn
