@@ -73,6 +73,9 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> N
         resumed.train_batch(b2, token_mean_loss)
         result["resumed2"] = _params(resumed)
         result["lr_after"] = (engine.scheduler.get_last_lr()[0], resumed.scheduler.get_last_lr()[0])
+        ckpt = FSDPTrainEngine(model_dir, micro_batch_size=2, optim=optim, activation_checkpointing=True)
+        ckpt.train_batch(b1, token_mean_loss, temperature=0.7)
+        result["act_ckpt_step1"] = _params(ckpt)
         mixed = FSDPTrainEngine(model_dir, micro_batch_size=2, mixed_precision="bf16")
         result["bf16_log_probs"] = mixed.compute_log_prob(b1, temperature=0.7)["log_probs"]
         result["bf16_param_dtype"] = str(next(mixed.model.parameters()).dtype)
@@ -206,3 +209,12 @@ def test_colocated_rollout_sees_trained_weights_without_disk(runs, world):
     for r in out[world]:
         assert r["synced"] == len(r["step1"])
         assert r["colocated_diff"] <= 1e-5
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", WORLD_SIZES)
+def test_activation_checkpointing_under_fsdp_gives_the_same_step(runs, world):
+    _, out = runs
+    for r in out[world]:
+        for name, p in r["step1"].items():
+            assert (r["act_ckpt_step1"][name] - p).abs().max() <= 1e-6, name
