@@ -19,14 +19,15 @@ zero-copy alias of Ray's shared, immutable object store would let an in-place op
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+
+from rlctl.dispatch.tensors import _BORROW, borrowing, cat_rows, pack_tensor, unpack_tensor
+
+__all__ = ["DataProto", "borrowing"]
 
 
 def _to_np_column(value: Any) -> np.ndarray:
@@ -36,50 +37,6 @@ def _to_np_column(value: Any) -> np.ndarray:
     arr = np.empty(len(value), dtype=object)
     arr[:] = list(value)
     return arr
-
-
-def _pack_tensor(t: torch.Tensor) -> tuple:
-    """A picklable form of ``t`` that carries only its own bytes (no shared storage)."""
-    t = t.detach()
-    if t.device.type != "cpu":
-        return ("torch", t.contiguous())  # device tensors: let torch pickle them
-    t = t.contiguous()
-    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: travel as int16 bit patterns
-        return ("bf16", t.view(torch.int16).numpy())
-    try:
-        return ("np", t.numpy())
-    except (TypeError, RuntimeError):  # dtypes numpy cannot view (e.g. float8): let torch pickle them
-        return ("torch", t.clone())
-
-
-_BORROW = contextvars.ContextVar("rlctl_dataproto_borrow", default=False)
-
-
-@contextlib.contextmanager
-def borrowing() -> Iterator[None]:
-    """Unpickle DataProtos without copying their tensors out of the (read-only) source buffers.
-
-    Only for code that copies right after, like the driver's collect (``concat`` always allocates
-    when a part is borrowed); the borrowed parts must not be handed to user code.
-    """
-    token = _BORROW.set(True)
-    try:
-        yield
-    finally:
-        _BORROW.reset(token)
-
-
-def _unpack_tensor(packed: tuple, borrow: bool) -> torch.Tensor:
-    kind = packed[0]
-    if kind == "torch":
-        return packed[1]
-    if borrow:
-        with warnings.catch_warnings():  # non-writable numpy: fine, nobody writes before concat copies
-            warnings.simplefilter("ignore", UserWarning)
-            t = torch.from_numpy(packed[1])
-    else:
-        t = torch.from_numpy(np.array(packed[1], copy=True))  # own, writable memory (see module docstring)
-    return t.view(torch.bfloat16) if kind == "bf16" else t
 
 
 class DataProto:
@@ -240,7 +197,7 @@ class DataProto:
                 )
         if len(parts) == 1 and not first._borrowed:
             return DataProto(dict(first.batch), dict(first.non_tensor), first.meta)
-        batch = {k: _cat([p.batch[k] for p in parts]) for k in first.batch}
+        batch = {k: cat_rows([p.batch[k] for p in parts]) for k in first.batch}
         nt = {k: np.concatenate([p.non_tensor[k] for p in parts]) for k in first.non_tensor}
         return DataProto(batch, nt, first.meta)
 
@@ -307,14 +264,14 @@ class DataProto:
 
     def __getstate__(self) -> dict:
         return {
-            "batch": {k: _pack_tensor(v) for k, v in self.batch.items()},
+            "batch": {k: pack_tensor(v) for k, v in self.batch.items()},
             "non_tensor": self.non_tensor,
             "meta": self.meta,
         }
 
     def __setstate__(self, state: dict) -> None:
         borrow = _BORROW.get()
-        self.batch = {k: _unpack_tensor(v, borrow) for k, v in state["batch"].items()}
+        self.batch = {k: unpack_tensor(v, borrow) for k, v in state["batch"].items()}
         self.non_tensor = {k: np.array(v, copy=True) for k, v in state["non_tensor"].items()}
         self.meta = state["meta"]
         self._borrowed = borrow
@@ -323,24 +280,6 @@ class DataProto:
     def nbytes(self) -> int:
         """Bytes held by the tensor columns (non-tensor columns are not counted)."""
         return sum(v.numel() * v.element_size() for v in self.batch.values())
-
-
-def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """torch.cat, through numpy for plain CPU tensors (np.concatenate is ~3x faster there: a memcpy)."""
-    t0 = tensors[0]
-    if t0.device.type != "cpu" or any(t.requires_grad or t.dtype != t0.dtype for t in tensors):
-        return torch.cat(tensors)
-    try:
-        if t0.dtype == torch.bfloat16:
-            arrs = [t.view(torch.int16).numpy() for t in tensors]
-            return torch.from_numpy(np.concatenate(arrs)).view(torch.bfloat16)
-        return torch.from_numpy(np.concatenate([t.numpy() for t in tensors]))
-    except (
-        TypeError,
-        RuntimeError,
-        ValueError,
-    ):  # dtypes numpy cannot view, or shape mismatch: let torch say
-        return torch.cat(tensors)
 
 
 def _np_equal(a: np.ndarray, b: np.ndarray) -> bool:
