@@ -77,9 +77,17 @@ class ResourcePool:
                 "strategy": "STRICT_PACK",
                 "name": f"{self.name}-node{i}" if self.name else "",
             }
-            if node_id is not None:
-                kw["bundle_label_selector"] = [{"ray.io/node-id": node_id}] * len(bundles)
-            pgs.append(placement_group(bundles, **kw))
+            if node_id is None:
+                pgs.append(placement_group(bundles, **kw))
+                continue
+            try:
+                pgs.append(
+                    placement_group(
+                        bundles, bundle_label_selector=[{"ray.io/node-id": node_id}] * len(bundles), **kw
+                    )
+                )
+            except TypeError:  # Ray without label selectors: a soft hint, checked once placed
+                pgs.append(placement_group(bundles, _soft_target_node_id=node_id, **kw))
         deadline = time.monotonic() + self.ready_timeout_s
         for i, pg in enumerate(pgs):
             left = max(1.0, deadline - time.monotonic())
@@ -94,6 +102,11 @@ class ResourcePool:
                 )
         self._pgs = pgs
         self._node_ids = [self._pg_node(pg) for pg in pgs]
+        if len(set(self._node_ids)) != len(pgs):
+            self.release()
+            raise RunError(
+                f"resource pool {self.name or '(unnamed)'}: node groups share a node ({self._node_ids})"
+            )
         return pgs
 
     def node_ids(self) -> list[str]:
