@@ -56,7 +56,7 @@ class Row:
     bytes_moved: int  # bytes across ranks (+ written/read for disk)
     gbps: float  # bytes_out / seconds
     memcpy_gbps: float
-    frac_memcpy: float
+    frac_memcpy: float | None  # single-process rows only: one process's transform vs its memcpy
     peak_extra_mb: float  # max over ranks of the RSS high-water above the ready state
     match: bool  # output equals the planned strategy's (checksums)
 
@@ -236,7 +236,7 @@ def bench(
                         bytes_moved(spec, strategy, p, q, plan.bytes_moved()),
                         gbps,
                         copy_bw,
-                        gbps / copy_bw,
+                        gbps / copy_bw if max(p, q) == 1 else None,
                         max(r["peak"] for r in res) / 2**20,
                         sums == ref_sum,
                     )  # fmt: skip

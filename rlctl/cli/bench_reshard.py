@@ -100,7 +100,7 @@ def command(
         base = planned.get((r.model, r.p, r.q))
         table.add_row(
             r.model, f"{r.p}->{r.q}", r.strategy, f"{r.seconds:.4f}", f"{r.bytes_out / 1e9:.3f}",
-            f"{r.bytes_moved / 1e9:.3f}", f"{r.gbps:.2f}", f"{r.frac_memcpy:.0%}", f"{r.peak_extra_mb:.1f}",
+            f"{r.bytes_moved / 1e9:.3f}", f"{r.gbps:.2f}", f"{r.frac_memcpy:.0%}" if r.frac_memcpy is not None else "-", f"{r.peak_extra_mb:.1f}",
             f"{r.seconds / base:.1f}x" if base else "-", "yes" if r.match else "NO",
         )  # fmt: skip
     console = Console()
