@@ -30,11 +30,15 @@ def _resolve(target: str, checkpoint: str | None, overrides: tuple[str, ...]):
 
 @click.command("eval")
 @click.argument("target", metavar="PROFILE|RUN_DIR", type=click.Path(exists=True))
-@click.option("--checkpoint", default=None, help="HF model directory to evaluate (default: the run's export).")
+@click.option(
+    "--checkpoint", default=None, help="HF model directory to evaluate (default: the run's export)."
+)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Evaluate only the first N prompts.")
 @set_option
 @json_option
-def eval_(target: str, checkpoint: str | None, limit: int | None, overrides: tuple[str, ...], as_json: bool) -> None:
+def eval_(
+    target: str, checkpoint: str | None, limit: int | None, overrides: tuple[str, ...], as_json: bool
+) -> None:
     """Greedy accuracy on the validation split."""
     from rlctl.trainer.evaluate import evaluate_model
 

@@ -20,7 +20,9 @@ from rlctl.profile import load_profile
     metavar="auto|never|PATH",
     help="auto: continue from the run's latest checkpoint; never: start fresh; or a checkpoint dir.",
 )
-def train(profile_path: str, overrides: tuple[str, ...], output_dir: str | None, max_steps: int | None, resume: str) -> None:
+def train(
+    profile_path: str, overrides: tuple[str, ...], output_dir: str | None, max_steps: int | None, resume: str
+) -> None:
     """Run RL post-training from PROFILE."""
     from rlctl.trainer.run import train as run_training
 

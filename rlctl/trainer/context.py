@@ -112,7 +112,9 @@ def build_context(profile: Profile, run_dir: Path) -> RunContext:
     platform = resolve_platform(profile.platform.vendor)
     probe = platform.probe()
     if not probe.found:
-        raise UserError(f"{profile.source}: platform.vendor: {platform.name} is not usable here: {probe.reason}")
+        raise UserError(
+            f"{profile.source}: platform.vendor: {platform.name} is not usable here: {probe.reason}"
+        )
     tokenizer = load_tokenizer(profile)
     train, val = load_prompts(profile, tokenizer)
     scorer = scorer_for(profile, tokenizer)

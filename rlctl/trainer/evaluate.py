@@ -30,7 +30,12 @@ def scorer_for(profile: Profile, tokenizer: Any) -> BatchScorer:
 
 
 def greedy_accuracy(
-    engine: Any, tokenizer: Any, prompts: DataProto, scorer: BatchScorer, max_new_tokens: int, chunk: int = 512
+    engine: Any,
+    tokenizer: Any,
+    prompts: DataProto,
+    scorer: BatchScorer,
+    max_new_tokens: int,
+    chunk: int = 512,
 ) -> dict[str, float]:
     """Generate greedily with a rollout engine and score; returns accuracy and mean score."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -70,4 +75,6 @@ def evaluate_model(profile: Profile, model_path: str, limit: int | None = None) 
         val = val[:limit]
     engine = HFRolloutEngine(model_path, device="cpu", trust_remote_code=profile.model.trust_remote_code)
     with torch.inference_mode():
-        return greedy_accuracy(engine, tokenizer, val, scorer_for(profile, tokenizer), profile.rollout.max_new_tokens)
+        return greedy_accuracy(
+            engine, tokenizer, val, scorer_for(profile, tokenizer), profile.rollout.max_new_tokens
+        )

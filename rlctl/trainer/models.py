@@ -19,7 +19,9 @@ def materialize_model(path: str, cache_dir: Path, seed: int = 0) -> str:
 
     name = path[len(BUILTIN) :]
     if name not in TINY_MODELS:
-        raise UserError(f"model.path: unknown built-in model {name!r}; expected one of {', '.join(TINY_MODELS)}")
+        raise UserError(
+            f"model.path: unknown built-in model {name!r}; expected one of {', '.join(TINY_MODELS)}"
+        )
     out = cache_dir / f"{name}-seed{seed}"
     if not (out / "config.json").is_file():
         build_tiny_model(name, out, seed=seed)

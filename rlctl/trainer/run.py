@@ -14,7 +14,9 @@ def run_dir_for(profile: Profile, output_dir: str | None) -> Path:
     return Path(output_dir or profile.run.output_dir) / profile.run.name
 
 
-def train(profile: Profile, *, output_dir: str | None = None, max_steps: int | None = None, resume: str = "auto") -> dict:
+def train(
+    profile: Profile, *, output_dir: str | None = None, max_steps: int | None = None, resume: str = "auto"
+) -> dict:
     """Run (or resume) the RL loop the profile describes; returns the last step's metrics."""
     from dataclasses import replace
 

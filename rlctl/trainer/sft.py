@@ -57,7 +57,9 @@ def to_engine_batch(items: list[dict[str, list[int]]], pad_id: int) -> dict[str,
 def nll_loss(out: dict[str, torch.Tensor], mb: dict[str, torch.Tensor], scale: LossScale):
     """Token-mean negative log-likelihood of the answer tokens (exact under micro-batching)."""
     mask = mb["response_mask"]
-    loss = -agg_loss(out["log_probs"], mask, "token-mean", global_tokens=scale.global_tokens, dp_size=scale.dp_size)
+    loss = -agg_loss(
+        out["log_probs"], mask, "token-mean", global_tokens=scale.global_tokens, dp_size=scale.dp_size
+    )
     return loss, {"nll": (-(out["log_probs"].detach() * mask).sum() / mask.sum().clamp(min=1)).item()}
 
 
@@ -88,7 +90,9 @@ def run_sft(profile: Profile, run_dir: Path) -> dict[str, Any]:
         while step < s.steps:
             batch = next(stream, None)
             if batch is None:
-                order = torch.randperm(len(data), generator=torch.Generator().manual_seed(profile.run.seed + epoch))
+                order = torch.randperm(
+                    len(data), generator=torch.Generator().manual_seed(profile.run.seed + epoch)
+                )
                 stream = (
                     to_engine_batch([data[int(j)] for j in order[i : i + s.batch_sequences]], pad)
                     for i in range(0, len(order) - s.batch_sequences + 1, s.batch_sequences)
@@ -97,7 +101,9 @@ def run_sft(profile: Profile, run_dir: Path) -> dict[str, Any]:
                 continue
             step += 1
             metrics = engine.train_batch(batch, nll_loss, with_entropy=False)
-            metrics = {f"sft/{k}": v for k, v in metrics.items()} | {"train_time_s": time.perf_counter() - start}
+            metrics = {f"sft/{k}": v for k, v in metrics.items()} | {
+                "train_time_s": time.perf_counter() - start
+            }
             if val is not None and (step == s.steps or (s.eval_every and step % s.eval_every == 0)):
                 rollout.update_weights(engine.export_weights("full"))  # in memory, as in RL
                 acc = greedy_accuracy(rollout, tokenizer, val, scorer, profile.rollout.max_new_tokens)

@@ -1,0 +1,74 @@
+"""A tiny, fast RL profile on the built-in 1M-parameter model, for end-to-end trainer tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TINY_RL = """
+[run]
+name = "{name}"
+seed = 3
+output_dir = "{out}"
+[platform]
+vendor = "cpu"
+[cluster]
+backend = "{backend}"
+[model]
+path = "{model}"
+[data]
+train = "builtin:addition"
+val_size = 16
+[algorithm]
+preset = "{preset}"
+[actor]
+lr = 1e-4
+micro_batch_sequences = 8
+use_kl_loss = {kl}
+[rollout]
+n = 4
+max_new_tokens = 4
+[trainer]
+steps = {steps}
+prompts_per_step = 4
+val_every = 2
+save_every = 2
+keep_checkpoints = 2
+loggers = ["jsonl"]
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    from rlctl.models import build_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny") / "tiny-1m"
+    build_tiny_model("tiny-1m", out, seed=0)
+    return str(out)
+
+
+@pytest.fixture
+def write_profile(tmp_path: Path, tiny_model: str):
+    def write(
+        name: str = "t",
+        backend: str = "inprocess",
+        preset: str = "grpo",
+        steps: int = 4,
+        kl: bool = False,
+        extra: str = "",
+    ) -> Path:
+        text = TINY_RL.format(
+            name=name,
+            out=tmp_path / "runs",
+            backend=backend,
+            model=tiny_model,
+            preset=preset,
+            steps=steps,
+            kl=str(kl).lower(),
+        )
+        path = tmp_path / f"{name}.toml"
+        path.write_text(text + extra)
+        return path
+
+    return write

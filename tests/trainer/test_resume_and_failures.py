@@ -1,0 +1,73 @@
+"""A killed run resumes on the same trajectory; a failing rank stops the run with a clear message."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.test_train_e2e import assert_same_numbers, by_step, metrics
+
+RLCTL = [sys.executable, "-m", "rlctl.cli.main"]
+
+
+def rlctl(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.Popen(
+        [*RLCTL, *args], env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw
+    )
+
+
+@pytest.mark.timeout(600)
+def test_killed_run_resumes_with_identical_metrics(write_profile, tmp_path):
+    full = write_profile("full", steps=6)
+    broken = write_profile("broken", steps=6)
+    proc = rlctl("train", str(full))
+    _, err = proc.communicate(timeout=500)
+    assert proc.returncode == 0, err
+
+    proc = rlctl("train", str(broken))
+    ckpt = tmp_path / "runs/broken/checkpoints/step_000002/driver.pt"
+    deadline = time.monotonic() + 400
+    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ckpt.exists(), proc.stderr.read() if proc.poll() is not None else "no checkpoint in time"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    killed_at = max(r["step"] for r in metrics(tmp_path / "runs/broken"))
+    assert killed_at < 6
+
+    proc = rlctl("train", str(broken), "--resume", "auto")
+    _, err = proc.communicate(timeout=500)
+    assert proc.returncode == 0, err
+    resumed = by_step(metrics(tmp_path / "runs/broken"))
+    assert sorted(resumed) == list(range(7)), "metrics.jsonl must hold each step exactly once"
+    assert_same_numbers(resumed, by_step(metrics(tmp_path / "runs/full")), range(1, 7))
+
+
+@pytest.mark.timeout(300)
+def test_failing_rank_names_role_rank_step_and_keeps_checkpoint(write_profile, tmp_path):
+    profile = write_profile("fails", steps=4)
+    profile.write_text(profile.read_text().replace("save_every = 2", "save_every = 1"))
+    start = time.monotonic()
+    proc = rlctl("train", str(profile), env={"RLCTL_INJECT_FAULT": "update_actor@2"})
+    _, err = proc.communicate(timeout=280)
+    assert proc.returncode == 1, err
+    assert time.monotonic() - start < 280
+    last = err.strip().splitlines()[-1]
+    assert "step 2" in last and "policy" in last and "rank 0" in last and "update_actor" in last, last
+    assert "Traceback" not in err.split("rlctl: error:")[-1].splitlines()[0]
+    ckpt = tmp_path / "runs/fails/checkpoints"
+    assert [p.name for p in ckpt.iterdir() if not p.name.startswith(".")] == ["step_000001"]
+    import torch
+
+    state = torch.load(ckpt / "step_000001/driver.pt", weights_only=False)
+    assert state["step"] == 1
+    steps = [json.loads(x)["step"] for x in (tmp_path / "runs/fails/metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 1

@@ -1,0 +1,98 @@
+"""End-to-end `rlctl train` on the tiny model: metrics, checkpoints, export, backends agree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli_runner import run_cli
+
+# Keys that depend only on seeds and arithmetic, never on wall-clock time.
+DETERMINISTIC = (
+    "reward/score_mean",
+    "reward/accuracy",
+    "response_length/mean",
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "actor/entropy",
+    "val/accuracy",
+    "critic/vf_loss",
+    "actor/kl",
+)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def by_step(records: list[dict]) -> dict[int, dict]:
+    out: dict[int, dict] = {}
+    for r in records:
+        out.setdefault(r["step"], {}).update(r)
+    return out
+
+
+def assert_same_numbers(a: dict[int, dict], b: dict[int, dict], steps) -> None:
+    for step in steps:
+        for key in DETERMINISTIC:
+            if key in a[step] or key in b[step]:
+                assert a[step][key] == pytest.approx(b[step][key], rel=1e-5, abs=1e-6), (step, key)
+
+
+@pytest.mark.timeout(300)
+def test_grpo_inprocess_writes_metrics_checkpoints_and_export(write_profile, tmp_path):
+    profile = write_profile("grpo")
+    code, out, err = run_cli("--log-format", "plain", "train", str(profile))
+    assert code == 0, err
+    run = tmp_path / "runs/grpo"
+    steps = by_step(metrics(run))
+    assert sorted(steps) == [0, 1, 2, 3, 4]
+    assert "val/accuracy" in steps[0] and "val/accuracy" in steps[4]
+    for key in (
+        "reward/score_mean",
+        "actor/grad_norm",
+        "actor/lr",
+        "time/gen",
+        "time/update_actor",
+        "time/sync",
+        "response_length/mean",
+        "perf/tokens_per_s",
+        "train_time_s",
+    ):
+        assert key in steps[3], key
+    assert steps[4]["train_time_s"] > steps[1]["train_time_s"] > 0
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002", "step_000004"]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(run / "hf")
+    tok = AutoTokenizer.from_pretrained(run / "hf")
+    assert model.config.vocab_size == len(tok)
+    code, out, err = run_cli("eval", str(run), "--json")
+    assert code == 0, err
+    assert json.loads(out)["accuracy"] == pytest.approx(steps[4]["val/accuracy"])
+
+
+@pytest.mark.timeout(600)
+def test_ray_backend_colocated_matches_inprocess(write_profile, tmp_path, ray_session):
+    # use_kl_loss brings in the reference role, colocated with actor + rollout in one process per device.
+    p_ray = write_profile("on-ray", backend="ray", steps=2, kl=True)
+    p_local = write_profile("in-proc", backend="inprocess", steps=2, kl=True)
+    for p in (p_ray, p_local):
+        code, _, err = run_cli("train", str(p))
+        assert code == 0, err
+    a, b = by_step(metrics(tmp_path / "runs/on-ray")), by_step(metrics(tmp_path / "runs/in-proc"))
+    assert "actor/kl" in a[2]
+    assert_same_numbers(a, b, [0, 1, 2])
+
+
+@pytest.mark.timeout(600)
+def test_ppo_with_critic_on_ray(write_profile, tmp_path, ray_session):
+    profile = write_profile("ppo", backend="ray", preset="ppo", steps=2)
+    code, _, err = run_cli("train", str(profile))
+    assert code == 0, err
+    steps = by_step(metrics(tmp_path / "runs/ppo"))
+    for key in ("critic/vf_loss", "time/values", "time/update_critic", "time/ref", "reward/score_mean"):
+        assert key in steps[2], key
+    assert (tmp_path / "runs/ppo/checkpoints/step_000002/critic").is_dir()
