@@ -15,7 +15,8 @@ Pieces
   head omitted, replicated norms; or ``fmt="hf"``: full unmerged HF names for the HF rollout engine).
 * :mod:`.plan` - :func:`make_plan`: per rank what it sends/receives (blocks, offsets), in rounds whose
   send+receive bytes per rank stay within ``bucket_bytes``.
-* :mod:`.executor` - runs a plan on one rank with ``all_to_all_single`` (gloo, NCCL, HCCL alike).
+* :mod:`.executor` - runs a plan on one rank with one ``all_to_all_single`` per bucket, or with
+  ``batch_isend_irecv`` per piece (contiguous pieces sent/received in place; faster on gloo).
 * :mod:`.loopback` - runs a plan for all ranks in one process (tests, single-device debugging).
 * :mod:`.baselines` - naive all-gather and disk (safetensors) reshards for ``rlctl bench reshard``.
 
@@ -39,6 +40,7 @@ API the engines call (colocated actor -> rollout update)
         rank_order="contiguous",         # must match how the rollout engine's TP groups are formed
         fmt="vllm",                      # or "hf" (q == 1, HF names, unmerged)
         out=None,                        # optional: rollout name -> engine tensor to fill in place
+        transport="auto",                # p2p (batch_isend_irecv) on gloo, all_to_all_single elsewhere
     ):
         rollout_engine.load(bucket)      # list of (rollout_param_name, local tensor); then drop it
 
