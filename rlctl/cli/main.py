@@ -108,7 +108,11 @@ def main(argv: list[str] | None = None) -> None:
     except RlctlError as exc:
         if debug:
             traceback.print_exc()
-        click.echo(f"rlctl: error: {exc}", err=True)
+        headline, _, details = str(exc).partition("\n")
+        if details and debug:
+            click.echo(details, err=True)
+        hint = " (--debug shows the remote traceback)" if details and not debug else ""
+        click.echo(f"rlctl: error: {headline}{hint}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("rlctl: interrupted", err=True)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from rlctl.algorithms.kl import make_kl_controller
-from rlctl.dispatch import DataProto
+from rlctl.dispatch import DataProto, WorkerError
 from rlctl.errors import RunError
 from rlctl.log import get_logger
 from rlctl.profile import profile_to_dict
@@ -82,8 +82,10 @@ class Trainer:
                 self.step += 1
                 try:
                     metrics = self.train_step()
+                except WorkerError as exc:
+                    raise self._record(exc.with_step(self.step)) from exc
                 except RunError as exc:
-                    raise RunError(f"step {self.step}: {exc}") from exc
+                    raise self._record(RunError(f"step {self.step}: {exc}")) from exc
                 if self._due(self.p.trainer.val_every):
                     metrics.update(self.validate())
                 self.tracker.log(metrics, step=self.step)
@@ -237,6 +239,11 @@ class Trainer:
         return path
 
     # -- helpers ---------------------------------------------------------------------------------------
+    def _record(self, exc: RunError) -> RunError:
+        """Keep the full failure (remote traceback included) in RUN_DIR/error.log; return it to raise."""
+        (self.ctx.run_dir / "error.log").write_text(f"{exc}\n")
+        return exc
+
     def _due(self, every: int) -> bool:
         return self.step == self.total_steps or (every > 0 and self.step % every == 0)
 

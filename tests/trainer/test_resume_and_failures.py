@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -61,8 +60,11 @@ def test_failing_rank_names_role_rank_step_and_keeps_checkpoint(write_profile, t
     assert proc.returncode == 1, err
     assert time.monotonic() - start < 280
     last = err.strip().splitlines()[-1]
-    assert "step 2" in last and "policy" in last and "rank 0" in last and "update_actor" in last, last
-    assert "Traceback" not in err.split("rlctl: error:")[-1].splitlines()[0]
+    assert last.startswith("rlctl: error:"), last
+    for needle in ("step=2", "role=policy", "rank=0", "method=update_actor", "injected fault"):
+        assert needle in last, (needle, last)
+    assert "Traceback" not in err
+    assert "remote traceback" in (tmp_path / "runs/fails/error.log").read_text()
     ckpt = tmp_path / "runs/fails/checkpoints"
     assert [p.name for p in ckpt.iterdir() if not p.name.startswith(".")] == ["step_000001"]
     import torch
