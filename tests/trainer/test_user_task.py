@@ -62,7 +62,7 @@ n = 4
 """
     (tmp_path / "sft.toml").write_text(
         f'[run]\nname = "sft"\noutput_dir = "{tmp_path}/runs"\n[model]\npath = "{tiny_model}"\n' + common
-        + '[sft]\nsteps = 60\nbatch_sequences = 32\nlr = 3e-3\neval_every = 30\n[trainer]\nloggers = ["jsonl"]\n'
+        + '[sft]\nsteps = 25\nbatch_sequences = 32\nlr = 3e-3\neval_every = 25\n[trainer]\nloggers = ["jsonl"]\n'
     )
     code, out, err = run_cli("sft", str(tmp_path / "sft.toml"), "--json")
     assert code == 0, err
@@ -70,12 +70,13 @@ n = 4
 
     (tmp_path / "grpo.toml").write_text(
         f'[run]\nname = "grpo"\noutput_dir = "{tmp_path}/runs"\n[model]\npath = "{tmp_path}/runs/sft/hf"\n' + common
-        + '[algorithm]\npreset = "grpo"\n[actor]\nlr = 1e-4\nuse_kl_loss = false\n'
-        + '[trainer]\nsteps = 20\nprompts_per_step = 8\nval_every = 10\nsave_every = 0\nloggers = ["jsonl"]\n'
+        + '[algorithm]\npreset = "grpo"\n[actor]\nlr = 3e-4\nuse_kl_loss = false\n'
+        + '[trainer]\nsteps = 30\nprompts_per_step = 8\nval_every = 10\nsave_every = 0\nloggers = ["jsonl"]\n'
     )
     code, out, err = run_cli("train", str(tmp_path / "grpo.toml"))
     assert code == 0, err
     accs = val_accuracy(tmp_path / "runs/grpo")
     assert accs[0] == pytest.approx(sft_acc), "GRPO starts from the SFT export"
-    assert max(accs) >= 0.5, accs  # chance is 0.1
-    assert accs[-1] >= accs[0] - 0.05, accs
+    assert sft_acc < 0.8, "the warm-up is deliberately short: GRPO must do the rest"
+    assert accs[-1] >= accs[0] + 0.1, accs  # GRPO, not the warm-up, improves held-out accuracy
+    assert accs[-1] >= 0.5, accs  # chance is 0.1
