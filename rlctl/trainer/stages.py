@@ -93,6 +93,12 @@ def batch_metrics(batch: DataProto, max_new_tokens: int) -> dict[str, float]:
     }
     if "acc" in t:
         metrics["reward/accuracy"] = t["acc"].float().mean().item()
+    if "rollout_log_probs" in t and "old_log_probs" in t:
+        # Train/inference mismatch: the rollout engine's log-probs vs the training engine's.
+        mask = t["response_mask"].bool()
+        diff = (t["rollout_log_probs"] - t["old_log_probs"]).abs()[mask]
+        metrics["rollout/log_prob_diff_max"] = diff.max().item() if diff.numel() else 0.0
+        metrics["rollout/log_prob_diff_mean"] = diff.mean().item() if diff.numel() else 0.0
     if "advantages" in t:
         mask = t["response_mask"].bool()
         metrics["adv/mean"] = t["advantages"][mask].mean().item() if mask.any() else 0.0

@@ -15,10 +15,12 @@ import torch
 
 from rlctl.dispatch import DataProto, Dispatch, Worker, register
 from rlctl.engines.registry import get_engine
+from rlctl.reshard import reshard_train_to_rollout
 from rlctl.trainer.losses import make_actor_loss, make_critic_loss
 from rlctl.trainer.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec, UpdateSpec
 
 TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+SYNC_BUCKET_BYTES = 256 << 20
 FAULT_ENV = "RLCTL_INJECT_FAULT"  # "<method>@<step>[:rank]": raise there (tests of failure reporting)
 
 
@@ -144,8 +146,24 @@ class PolicyWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_weights(self) -> None:
-        """Training layout -> rollout engine, in memory, one bucket of parameters at a time."""
-        self.rollout.update_weights(self.actor.export_weights("full"))
+        """Training layout -> rollout layout in memory, one size-bounded bucket at a time.
+
+        One rank: the parameters stream straight across. Several ranks: the planned reshard moves
+        each rank's FSDP shards to where the rollout layout needs them (HF names, rollout TP 1).
+        """
+        if self.world_size == 1:
+            self.rollout.update_weights(self.actor.export_weights("full"))
+            return
+        for bucket in reshard_train_to_rollout(
+            self.actor.model.config,
+            train_world=self.world_size,
+            rank=self.rank,
+            rollout_tp=1,
+            local_shards=dict(self.actor.export_weights("sharded")),
+            bucket_bytes=SYNC_BUCKET_BYTES,
+            fmt="hf",
+        ):
+            self.rollout.update_weights(bucket)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

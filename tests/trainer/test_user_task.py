@@ -61,7 +61,8 @@ max_new_tokens = 3
 n = 4
 """
     (tmp_path / "sft.toml").write_text(
-        f'[run]\nname = "sft"\noutput_dir = "{tmp_path}/runs"\n[model]\npath = "{tiny_model}"\n' + common
+        f'[run]\nname = "sft"\noutput_dir = "{tmp_path}/runs"\n[model]\npath = "{tiny_model}"\n'
+        + common
         + '[sft]\nsteps = 25\nbatch_sequences = 32\nlr = 3e-3\neval_every = 25\n[trainer]\nloggers = ["jsonl"]\n'
     )
     code, out, err = run_cli("sft", str(tmp_path / "sft.toml"), "--json")
@@ -69,7 +70,8 @@ n = 4
     sft_acc = val_accuracy(tmp_path / "runs/sft")[-1]
 
     (tmp_path / "grpo.toml").write_text(
-        f'[run]\nname = "grpo"\noutput_dir = "{tmp_path}/runs"\n[model]\npath = "{tmp_path}/runs/sft/hf"\n' + common
+        f'[run]\nname = "grpo"\noutput_dir = "{tmp_path}/runs"\n[model]\npath = "{tmp_path}/runs/sft/hf"\n'
+        + common
         + '[algorithm]\npreset = "grpo"\n[actor]\nlr = 3e-4\nuse_kl_loss = false\n'
         + '[trainer]\nsteps = 30\nprompts_per_step = 8\nval_every = 10\nsave_every = 0\nloggers = ["jsonl"]\n'
     )
