@@ -45,7 +45,7 @@ def test_user_jsonl_and_custom_reward_sft_then_grpo_learns(tmp_path, tiny_model)
     write_task(tmp_path, 2000, seed=1, name="train.jsonl")
     write_task(tmp_path, 64, seed=2, name="val.jsonl")
     (tmp_path / "reward.py").write_text(REWARD)
-    common = f"""
+    common = """
 [platform]
 vendor = "cpu"
 [cluster]
