@@ -23,7 +23,13 @@ from rlctl.profile import profile_to_dict
 from rlctl.tracking import Tracker
 from rlctl.trainer import checkpoint
 from rlctl.trainer.context import RunContext
-from rlctl.trainer.stages import StageTimer, batch_metrics, compute_advantages, groups_with_signal
+from rlctl.trainer.stages import (
+    StageTimer,
+    batch_metrics,
+    compute_advantages,
+    groups_with_signal,
+    trim_response_padding,
+)
 
 log = get_logger("rlctl.trainer")
 
@@ -107,6 +113,7 @@ class Trainer:
         timer = StageTimer()
         start = time.perf_counter()
         batch, metrics = self.rollout(timer)
+        batch = trim_response_padding(batch)
         batch.meta["step"] = self.step
         if self.recompute_old_log_prob:
             with timer("old_log_prob"):

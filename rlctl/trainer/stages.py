@@ -36,6 +36,25 @@ class StageTimer:
         return {f"time/{k}": v for k, v in self.seconds.items()}
 
 
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")  # (B, prompt + response)
+RESPONSE_KEYS = ("responses", "response_mask", "rollout_log_probs", "token_level_scores")  # (B, response)
+
+
+def trim_response_padding(batch: DataProto) -> DataProto:
+    """Drop trailing response columns that no row uses (every later pass computes fewer tokens).
+
+    Exact: causal attention never looks right, and every loss and metric is masked.
+    """
+    t = batch.batch
+    width = t["responses"].shape[1]
+    used = int(t["response_mask"].sum(-1).max().item()) if len(batch) else width
+    if used >= width:
+        return batch
+    cut = width - max(used, 1)
+    tensors = {k: v[:, :-cut] if k in SEQUENCE_KEYS or k in RESPONSE_KEYS else v for k, v in t.items()}
+    return DataProto.from_dict(tensors=tensors, non_tensors=batch.non_tensor, meta=batch.meta)
+
+
 def token_level_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Place each sequence's scalar score on its last response token (outcome reward)."""
     out = torch.zeros(response_mask.shape, dtype=torch.float32)
