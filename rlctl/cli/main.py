@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # an rlctl bug or an unexpected runtime failure
         if debug:
             traceback.print_exc()
-        click.echo(f"rlctl: error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True)
+        click.echo(
+            f"rlctl: error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True
+        )
         sys.exit(1)
     sys.exit(rv if isinstance(rv, int) else 0)
 

@@ -147,7 +147,9 @@ def load_preset(name: str) -> dict[str, Any]:
     names = available_presets()
     if name not in names:
         hint = _did_you_mean(name, names)
-        raise UserError(f"algorithm.preset: unknown preset {name!r}{hint}; expected one of {', '.join(names)}")
+        raise UserError(
+            f"algorithm.preset: unknown preset {name!r}{hint}; expected one of {', '.join(names)}"
+        )
     text = resources.files("rlctl.profile.presets").joinpath(f"{name}.toml").read_text(encoding="utf-8")
     return tomllib.loads(text)
 

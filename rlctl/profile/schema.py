@@ -28,12 +28,16 @@ class RunSection:
 class PlatformSection:
     vendor: str = field("auto", "auto, cpu, nvidia, rocm, ascend, or an installed plugin's name.")
     attention: str = field("auto", "Attention kernel; auto picks the platform's best available.")
-    dtype: str = field("auto", "Compute dtype; auto is float32 on CPU, bfloat16 on accelerators.", choices=DTYPES)
+    dtype: str = field(
+        "auto", "Compute dtype; auto is float32 on CPU, bfloat16 on accelerators.", choices=DTYPES
+    )
 
 
 @dataclass
 class ClusterSection:
-    backend: str = field("ray", "Worker runtime: ray, or inprocess (one process).", choices=("ray", "inprocess"))
+    backend: str = field(
+        "ray", "Worker runtime: ray, or inprocess (one process).", choices=("ray", "inprocess")
+    )
     address: str = field("local", "Ray address: local (start one), auto, or ray://host:port.")
     nodes: int = field(1, "Number of nodes.", ge=1)
     devices_per_node: int = field(1, "Workers (devices) per node.", ge=1)
@@ -51,7 +55,9 @@ class ModelSection:
 
 @dataclass
 class DataSection:
-    train: str = field("builtin:addition", "Train prompts: builtin:TASK, or a .jsonl/.parquet file.", path=True)
+    train: str = field(
+        "builtin:addition", "Train prompts: builtin:TASK, or a .jsonl/.parquet file.", path=True
+    )
     val: str = field("", "Validation prompts; empty uses the task's validation split.", path=True)
     val_size: int = field(400, "Validation prompts evaluated each time (0 = all).", ge=0)
     max_prompt_length: int = field(64, "Prompts longer than this many tokens are dropped.", ge=1)
@@ -143,7 +149,9 @@ class RewardSection:
         "Reward source: builtin (the task's verifier), exact, numeric, math, custom, code, reward_model.",
         choices=("builtin", "exact", "numeric", "math", "custom", "code", "reward_model"),
     )
-    function: str = field("", "Custom reward 'path/to/file.py:name' (kind = custom); the only code a profile runs.")
+    function: str = field(
+        "", "Custom reward 'path/to/file.py:name' (kind = custom); the only code a profile runs."
+    )
     model_path: str = field("", "Reward model directory (kind = reward_model).", path=True)
     timeout_s: float = field(5.0, "Per-sample time limit for function/code rewards.", gt=0)
     memory_mb: int = field(512, "Memory limit for sandboxed code rewards.", ge=16)

@@ -126,7 +126,25 @@ def test_unknown_preset(tmp_path):
 
 
 _TOKENS = st.sampled_from(
-    ["[", "]", "=", '"', "lr", "actor", "trainer", "steps", "-1", "0", "1e9", "\n", " ", ".", "x", "true", "{"]
+    [
+        "[",
+        "]",
+        "=",
+        '"',
+        "lr",
+        "actor",
+        "trainer",
+        "steps",
+        "-1",
+        "0",
+        "1e9",
+        "\n",
+        " ",
+        ".",
+        "x",
+        "true",
+        "{",
+    ]
 )
 
 
@@ -145,7 +163,9 @@ def test_mutated_profiles_never_traceback(tmp_path_factory, cut, insert):
         assert len(err.strip().splitlines()) == 1, err
 
 
-@given(key=st.text(alphabet=string.ascii_lowercase + "._", min_size=1, max_size=12), value=st.text(max_size=8))
+@given(
+    key=st.text(alphabet=string.ascii_lowercase + "._", min_size=1, max_size=12), value=st.text(max_size=8)
+)
 def test_random_set_overrides_never_traceback(tmp_path_factory, key, value):
     path = tmp_path_factory.mktemp("set") / "p.toml"
     path.write_text(GOOD)

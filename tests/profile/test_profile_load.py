@@ -27,14 +27,18 @@ def test_every_shipped_profile_is_valid():
 
 
 def test_show_applies_override():
-    code, out, err = run_cli("profile", "show", str(REPO / "profiles/tiny-cpu.toml"), "--set", "actor.lr=2e-6")
+    code, out, err = run_cli(
+        "profile", "show", str(REPO / "profiles/tiny-cpu.toml"), "--set", "actor.lr=2e-6"
+    )
     assert code == 0, err
     assert tomllib.loads(out)["actor"]["lr"] == 2e-6
 
 
 def test_extends_layers_and_resolves_paths_per_file(tmp_path):
     (tmp_path / "base").mkdir()
-    (tmp_path / "base/base.toml").write_text('[model]\npath = "models/m"\n[actor]\nlr = 1e-4\n[rollout]\nn = 4\n')
+    (tmp_path / "base/base.toml").write_text(
+        '[model]\npath = "models/m"\n[actor]\nlr = 1e-4\n[rollout]\nn = 4\n'
+    )
     (tmp_path / "child.toml").write_text('extends = "base/base.toml"\n[actor]\nlr = 5e-5\n')
     prof = load_profile(tmp_path / "child.toml")
     assert prof.actor.lr == 5e-5
@@ -43,7 +47,9 @@ def test_extends_layers_and_resolves_paths_per_file(tmp_path):
 
 
 def test_preset_is_beneath_the_profile(tmp_path):
-    (tmp_path / "p.toml").write_text('[model]\npath="m"\n[algorithm]\npreset="dapo"\n[actor]\nclip_ratio_high=0.3\n')
+    (tmp_path / "p.toml").write_text(
+        '[model]\npath="m"\n[algorithm]\npreset="dapo"\n[actor]\nclip_ratio_high=0.3\n'
+    )
     prof = load_profile(tmp_path / "p.toml")
     assert prof.algorithm.dynamic_sampling is True
     assert prof.actor.clip_ratio_high == 0.3
@@ -57,7 +63,9 @@ def test_every_preset_loads(tmp_path, preset):
 
 
 def test_presets_cover_the_documented_algorithms():
-    assert {"grpo", "dr_grpo", "dapo", "ppo", "rloo", "reinforce_plus_plus", "remax"} <= set(available_presets())
+    assert {"grpo", "dr_grpo", "dapo", "ppo", "rloo", "reinforce_plus_plus", "remax"} <= set(
+        available_presets()
+    )
 
 
 def test_ppo_preset_needs_critic_and_reference(tmp_path):
@@ -83,6 +91,18 @@ def test_set_bare_word_is_string(tmp_path):
 def test_keys_lists_every_section():
     code, out, _ = run_cli("profile", "keys")
     assert code == 0
-    for section in ("run.", "platform.", "cluster.", "model.", "data.", "algorithm.", "actor.", "rollout.",
-                    "ref.", "critic.", "reward.", "trainer."):
+    for section in (
+        "run.",
+        "platform.",
+        "cluster.",
+        "model.",
+        "data.",
+        "algorithm.",
+        "actor.",
+        "rollout.",
+        "ref.",
+        "critic.",
+        "reward.",
+        "trainer.",
+    ):
         assert section in out
