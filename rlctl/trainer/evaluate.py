@@ -9,6 +9,7 @@ import torch
 from rlctl.dispatch import DataProto
 from rlctl.profile.schema import Profile
 from rlctl.rewards.manager import build_reward_manager
+from rlctl.rewards.sandbox import SandboxLimits
 from rlctl.trainer.scoring import BatchScorer
 
 
@@ -19,6 +20,7 @@ def scorer_for(profile: Profile, tokenizer: Any) -> BatchScorer:
         function=rw.function or None,
         model_path=rw.model_path or None,
         timeout_s=rw.timeout_s if rw.kind in ("custom", "math") else None,
+        sandbox=SandboxLimits(timeout_s=rw.timeout_s, memory_mb=rw.memory_mb),
     )
     return BatchScorer(
         tokenizer,

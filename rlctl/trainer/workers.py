@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -42,8 +44,15 @@ def _model_type(path: str) -> str:
         return "*"
 
 
+def _cpu_threads(worker: Worker, spec: EngineSpec) -> None:
+    """On CPU, give each rank its share of the host's cores (Ray pins OMP_NUM_THREADS to 1)."""
+    if spec.device_type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, worker.ctx.local_world_size)))
+
+
 def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool = False):
     """Initialise torch.distributed for this group if needed, then build an FSDP2 engine."""
+    _cpu_threads(worker, spec)
     if worker.world_size > 1:
         worker.init_distributed(spec.dist_backend)
     torch.manual_seed(spec.seed)
@@ -126,9 +135,10 @@ class PolicyWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, batch: DataProto) -> DataProto:
-        out = self.actor.compute_log_prob(
-            _train_view(batch), temperature=float(batch.meta.get("temperature", 1.0)), with_entropy=True
-        )
+        with self._actor_on_device():
+            out = self.actor.compute_log_prob(
+                _train_view(batch), temperature=float(batch.meta.get("temperature", 1.0)), with_entropy=True
+            )
         return DataProto.from_dict(tensors={"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
@@ -137,12 +147,27 @@ class PolicyWorker(Worker):
         extra = ("old_log_probs", "ref_log_probs", "advantages", "rollout_is_weights")
         view = _train_view(batch, *extra)
         metrics = []
-        for _ in range(self.spec.update.ppo_epochs):
-            for mini in _mini_batches(view, self.spec.update):
-                metrics.append(
-                    self.actor.train_batch(mini, self.actor_loss, temperature=self.spec.update.temperature)
-                )
+        self.rollout.sleep()  # colocated: the rollout engine's memory goes to training until the sync
+        with self._actor_on_device():
+            for _ in range(self.spec.update.ppo_epochs):
+                for mini in _mini_batches(view, self.spec.update):
+                    metrics.append(
+                        self.actor.train_batch(
+                            mini, self.actor_loss, temperature=self.spec.update.temperature
+                        )
+                    )
         return {f"actor/{k}": v for k, v in _mean(metrics).items()}
+
+    @contextmanager
+    def _actor_on_device(self) -> Iterator[None]:
+        """With param/optimizer offload on, the actor lives on the host between its own stages."""
+        if self.spec.engine.offload:
+            self.actor.onload()
+        try:
+            yield
+        finally:
+            if self.spec.engine.offload:
+                self.actor.offload()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_weights(self) -> None:
@@ -151,6 +176,7 @@ class PolicyWorker(Worker):
         One rank: the parameters stream straight across. Several ranks: the planned reshard moves
         each rank's FSDP shards to where the rollout layout needs them (HF names, rollout TP 1).
         """
+        self.rollout.wake()
         if self.world_size == 1:
             self.rollout.update_weights(self.actor.export_weights("full"))
             return
