@@ -106,3 +106,12 @@ def test_keys_lists_every_section():
         "trainer.",
     ):
         assert section in out
+
+
+def test_profile_reference_doc_is_current():
+    from rlctl.profile.reference import reference_markdown
+
+    assert (REPO / "docs/profiles.md").read_text() == reference_markdown(), (
+        "regenerate: python -c 'from rlctl.profile.reference import reference_markdown as r; "
+        "open(\"docs/profiles.md\", \"w\").write(r())'"
+    )
