@@ -28,6 +28,7 @@ from rlctl.trainer.stages import (
     batch_metrics,
     compute_advantages,
     groups_with_signal,
+    mean_metrics,
     trim_response_padding,
 )
 
@@ -82,7 +83,8 @@ class Trainer:
         last: dict[str, float] = {}
         if self.step == 0 and self.p.trainer.val_at_start:
             last = self.validate()
-            self.tracker.log(last, step=0)
+            if last:
+                self.tracker.log(last, step=0)
         try:
             while self.step < self.total_steps:
                 self.step += 1
@@ -128,9 +130,9 @@ class Trainer:
             batch, adv_metrics = compute_advantages(batch, self.p.algorithm, self.kl_ctrl)
         if self.ctx.critic is not None:
             with timer("update_critic"):
-                metrics.update(_mean(self.ctx.critic.update_critic(batch)))
+                metrics.update(mean_metrics(self.ctx.critic.update_critic(batch)))
         with timer("update_actor"):
-            metrics.update(_mean(self.ctx.policy.update_actor(batch)))
+            metrics.update(mean_metrics(self.ctx.policy.update_actor(batch)))
         with timer("sync"):
             self.ctx.policy.sync_weights()
         step_s = time.perf_counter() - start
@@ -256,10 +258,3 @@ class Trainer:
 
     def _seed(self, round_: int) -> int:
         return (self.p.run.seed * 1_000_003 + self.step * 101 + round_) % (2**31)
-
-
-def _mean(per_rank: list[dict[str, float]] | dict[str, float]) -> dict[str, float]:
-    if isinstance(per_rank, dict):
-        return per_rank
-    keys = {k for m in per_rank for k in m}
-    return {k: float(np.mean([m[k] for m in per_rank if k in m])) for k in keys}

@@ -6,7 +6,7 @@ worker code serves any front end.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 from rlctl.engines.optim import OptimConfig
 from rlctl.profile.schema import Profile
@@ -82,7 +82,6 @@ class RoleSpecs:
     policy: PolicySpec
     ref: RefSpec | None = None
     critic: CriticSpec | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def build_specs(profile: Profile, *, device_type: str, dtype: str, attn: str, dist_backend: str) -> RoleSpecs:
@@ -135,14 +134,14 @@ def build_specs(profile: Profile, *, device_type: str, dtype: str, attn: str, di
     ref = None
     if profile.uses_reference:
         ref = RefSpec(
-            engine=_replace(
+            engine=replace(
                 base, model_path=p.ref.path or p.model.path, micro_batch_sequences=p.ref.micro_batch_sequences
             )
         )
     critic = None
     if profile.uses_critic:
         critic = CriticSpec(
-            engine=_replace(
+            engine=replace(
                 base,
                 model_path=p.critic.path or p.model.path,
                 micro_batch_sequences=p.critic.micro_batch_sequences,
@@ -163,9 +162,3 @@ def build_specs(profile: Profile, *, device_type: str, dtype: str, attn: str, di
             loss_agg_mode=p.actor.loss_agg_mode,
         )
     return RoleSpecs(policy=policy, ref=ref, critic=critic)
-
-
-def _replace(spec: EngineSpec, **changes) -> EngineSpec:
-    from dataclasses import replace
-
-    return replace(spec, **changes)

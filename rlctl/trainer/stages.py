@@ -55,6 +55,14 @@ def trim_response_padding(batch: DataProto) -> DataProto:
     return DataProto.from_dict(tensors=tensors, non_tensors=batch.non_tensor, meta=batch.meta)
 
 
+def mean_metrics(records: list[dict[str, float]] | dict[str, float]) -> dict[str, float]:
+    """Average a list of metric dicts key by key (keys missing from a record are skipped)."""
+    if isinstance(records, dict):
+        return records
+    keys = {k for m in records for k in m}
+    return {k: float(np.mean([m[k] for m in records if k in m])) for k in keys}
+
+
 def token_level_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Place each sequence's scalar score on its last response token (outcome reward)."""
     out = torch.zeros(response_mask.shape, dtype=torch.float32)

@@ -20,6 +20,7 @@ from rlctl.engines.registry import get_engine
 from rlctl.reshard import reshard_train_to_rollout
 from rlctl.trainer.losses import make_actor_loss, make_critic_loss
 from rlctl.trainer.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec, UpdateSpec
+from rlctl.trainer.stages import mean_metrics
 
 TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 SYNC_BUCKET_BYTES = 256 << 20
@@ -81,11 +82,6 @@ def _mini_batches(batch: dict[str, torch.Tensor], spec: UpdateSpec) -> list[dict
     n = next(iter(batch.values())).shape[0]
     size = max(1, -(-n // spec.mini_batches))
     return [{k: v[i : i + size] for k, v in batch.items()} for i in range(0, n, size)]
-
-
-def _mean(metrics: list[dict[str, float]]) -> dict[str, float]:
-    keys = {k for m in metrics for k in m}
-    return {k: sum(m[k] for m in metrics if k in m) / sum(1 for m in metrics if k in m) for k in keys}
 
 
 class PolicyWorker(Worker):
@@ -156,7 +152,7 @@ class PolicyWorker(Worker):
                             mini, self.actor_loss, temperature=self.spec.update.temperature
                         )
                     )
-        return {f"actor/{k}": v for k, v in _mean(metrics).items()}
+        return {f"actor/{k}": v for k, v in mean_metrics(metrics).items()}
 
     @contextmanager
     def _actor_on_device(self) -> Iterator[None]:
@@ -247,7 +243,7 @@ class CriticWorker(Worker):
         for _ in range(self.spec.update.ppo_epochs):
             for mini in _mini_batches(view, self.spec.update):
                 metrics.append(self.critic.train_batch(mini, self.critic_loss))
-        return {f"critic/{k}": v for k, v in _mean(metrics).items()}
+        return {f"critic/{k}": v for k, v in mean_metrics(metrics).items()}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
