@@ -27,6 +27,7 @@ from rlctl.trainer.stages import (
     StageTimer,
     batch_metrics,
     compute_advantages,
+    for_workers,
     groups_with_signal,
     mean_metrics,
     trim_response_padding,
@@ -119,20 +120,20 @@ class Trainer:
         batch.meta["step"] = self.step
         if self.recompute_old_log_prob:
             with timer("old_log_prob"):
-                batch = batch.union(self.ctx.policy.compute_log_prob(batch))
+                batch = batch.union(self.ctx.policy.compute_log_prob(for_workers(batch)))
         if self.ctx.ref is not None:
             with timer("ref"):
-                batch = batch.union(self.ctx.ref.compute_ref_log_prob(batch))
+                batch = batch.union(self.ctx.ref.compute_ref_log_prob(for_workers(batch)))
         if self.ctx.critic is not None:
             with timer("values"):
-                batch = batch.union(self.ctx.critic.compute_values(batch))
+                batch = batch.union(self.ctx.critic.compute_values(for_workers(batch)))
         with timer("adv"):
             batch, adv_metrics = compute_advantages(batch, self.p.algorithm, self.kl_ctrl)
         if self.ctx.critic is not None:
             with timer("update_critic"):
-                metrics.update(mean_metrics(self.ctx.critic.update_critic(batch)))
+                metrics.update(mean_metrics(self.ctx.critic.update_critic(for_workers(batch))))
         with timer("update_actor"):
-            metrics.update(mean_metrics(self.ctx.policy.update_actor(batch)))
+            metrics.update(mean_metrics(self.ctx.policy.update_actor(for_workers(batch))))
         with timer("sync"):
             self.ctx.policy.sync_weights()
         step_s = time.perf_counter() - start

@@ -37,6 +37,23 @@ class StageTimer:
 
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")  # (B, prompt + response)
+# What the training-side workers read; everything else (text columns, scores) stays on the driver.
+WORKER_KEYS = (
+    *SEQUENCE_KEYS,
+    "responses",
+    "response_mask",
+    "old_log_probs",
+    "ref_log_probs",
+    "values",
+    "returns",
+    "advantages",
+    "rollout_is_weights",
+)
+
+
+def for_workers(batch: DataProto) -> DataProto:
+    """The tensors the workers need, without the driver-only columns (less to serialise per call)."""
+    return batch.select([k for k in WORKER_KEYS if k in batch.batch], non_tensor_keys=[])
 RESPONSE_KEYS = ("responses", "response_mask", "rollout_log_probs", "token_level_scores")  # (B, response)
 
 
