@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,7 +73,9 @@ def save_checkpoint(engine: FSDPTrainEngine, path: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
     path.mkdir(parents=True, exist_ok=True)
-    dcp.save(checkpoint_state(engine.model, engine.optimizer), checkpoint_id=str(path))
+    with warnings.catch_warnings():  # one process without torch.distributed is a supported case
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.save(checkpoint_state(engine.model, engine.optimizer), checkpoint_id=str(path))
     if _rank() == 0:
         extra = {"scheduler": engine.scheduler.state_dict(), "global_step": engine.global_step}
         torch.save(extra, path / EXTRA_STATE)
@@ -90,7 +93,9 @@ def load_checkpoint(engine: FSDPTrainEngine, path: Path) -> None:
         )
     state = checkpoint_state(engine.model, engine.optimizer)
     try:
-        dcp.load(state, checkpoint_id=str(path))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            dcp.load(state, checkpoint_id=str(path))
     except Exception as exc:
         raise RunError(f"loading checkpoint {str(path)!r} on rank {_rank()} failed: {exc}") from exc
     set_state_dict(

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from rlctl.algorithms import get_adv_estimator
+from rlctl.algorithms import get_adv_estimator, rollout_is_weights
 from rlctl.algorithms.kl import apply_kl_penalty
 from rlctl.dispatch import DataProto
 
@@ -54,6 +54,8 @@ WORKER_KEYS = (
 def for_workers(batch: DataProto) -> DataProto:
     """The tensors the workers need, without the driver-only columns (less to serialise per call)."""
     return batch.select([k for k in WORKER_KEYS if k in batch.batch], non_tensor_keys=[])
+
+
 RESPONSE_KEYS = ("responses", "response_mask", "rollout_log_probs", "token_level_scores")  # (B, response)
 
 
@@ -93,6 +95,7 @@ def compute_advantages(batch: DataProto, algo, kl_ctrl) -> tuple[DataProto, dict
     t = batch.batch
     metrics: dict[str, float] = {}
     rewards = t["token_level_scores"]
+    extra: dict[str, torch.Tensor] = {}
     if algo.use_kl_in_reward:
         rewards, kl_metrics = apply_kl_penalty(
             t["token_level_scores"],
@@ -102,7 +105,19 @@ def compute_advantages(batch: DataProto, algo, kl_ctrl) -> tuple[DataProto, dict
             kl_ctrl,
             kind=algo.kl_penalty,
         )
-        metrics.update(kl_metrics)
+        metrics["actor/kl"] = kl_metrics["reward_kl_penalty"]
+        metrics["actor/kl_coef"] = kl_metrics["reward_kl_penalty_coeff"]
+    if algo.rollout_correction != "off":
+        # Train/inference mismatch correction with the rollout engine's own log-probs.
+        extra["rollout_is_weights"], is_metrics = rollout_is_weights(
+            t["old_log_probs"],
+            t["rollout_log_probs"],
+            t["response_mask"],
+            level=algo.rollout_correction,
+            mode=algo.rollout_correction_mode,
+            threshold=algo.rollout_correction_threshold,
+        )
+        metrics.update({f"rollout_corr/{k}": v for k, v in is_metrics.items()})
     estimator = get_adv_estimator(algo.adv_estimator)
     kwargs = {
         "token_level_rewards": rewards,
@@ -118,7 +133,7 @@ def compute_advantages(batch: DataProto, algo, kl_ctrl) -> tuple[DataProto, dict
         kwargs["reward_baselines"] = t["reward_baselines"]
     advantages, returns = estimator(**kwargs)
     out = DataProto.from_dict(
-        tensors={"token_level_rewards": rewards, "advantages": advantages, "returns": returns}
+        tensors={"token_level_rewards": rewards, "advantages": advantages, "returns": returns, **extra}
     )
     return batch.union(out), metrics
 

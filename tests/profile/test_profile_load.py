@@ -113,5 +113,5 @@ def test_profile_reference_doc_is_current():
 
     assert (REPO / "docs/profiles.md").read_text() == reference_markdown(), (
         "regenerate: python -c 'from rlctl.profile.reference import reference_markdown as r; "
-        "open(\"docs/profiles.md\", \"w\").write(r())'"
+        'open("docs/profiles.md", "w").write(r())\''
     )
