@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from rlctl.cli.options import set_option
@@ -27,4 +29,8 @@ def train(
     from rlctl.trainer.run import train as run_training
 
     profile = load_profile(profile_path, overrides)
-    run_training(profile, output_dir=output_dir, max_steps=max_steps, resume=resume)
+    last = run_training(profile, output_dir=output_dir, max_steps=max_steps, resume=resume)
+    run_dir = Path(output_dir or profile.run.output_dir) / profile.run.name
+    acc = last.get("val/accuracy")
+    shown = f", held-out accuracy {acc:.3f}" if acc is not None else ""
+    click.echo(f"done: {run_dir}{shown}; plots: rlctl report {run_dir}")

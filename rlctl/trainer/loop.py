@@ -9,7 +9,11 @@ validation, checkpoint. Everything heavy runs inside the worker groups; only the
 from __future__ import annotations
 
 import random
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +48,8 @@ class Trainer:
         self.p = ctx.profile
         self.total_steps = min(self.p.trainer.steps, max_steps or self.p.trainer.steps)
         self.resume = resume
-        self.step = 0
+        self.step = 0  # the last completed step
+        self.stop_requested = False
         self.train_time_s = 0.0
         self.kl_ctrl = make_kl_controller(
             self.p.algorithm.kl_ctrl,
@@ -86,38 +91,35 @@ class Trainer:
             last = self.validate()
             if last:
                 self.tracker.log(last, step=0)
-        try:
+        with self._stop_on_ctrl_c():
             while self.step < self.total_steps:
-                self.step += 1
                 try:
-                    metrics = self.train_step()
+                    metrics = self.train_step(self.step + 1)
                 except WorkerError as exc:
-                    raise self._record(exc.with_step(self.step)) from exc
+                    raise self._record(exc.with_step(self.step + 1)) from exc
                 except RunError as exc:
-                    raise self._record(RunError(f"step {self.step}: {exc}")) from exc
+                    raise self._record(RunError(f"step {self.step + 1}: {exc}")) from exc
+                self.step += 1
                 if self._due(self.p.trainer.val_every):
                     metrics.update(self.validate())
                 self.tracker.log(metrics, step=self.step)
                 last = metrics
-                if self._due(self.p.trainer.save_every):
+                if self._due(self.p.trainer.save_every) or self.stop_requested:
                     self.save()
-        except KeyboardInterrupt:
-            log.warning("interrupted; saving a checkpoint before stopping", step=self.step)
-            self.step -= 1  # the interrupted step did not finish
-            if self.step > 0:
-                self.save()
-            raise
+                if self.stop_requested:
+                    log.warning("stopped by Ctrl-C after saving", step=self.step)
+                    raise KeyboardInterrupt
         if self.p.trainer.export_hf:
             self.ctx.policy.export_hf(str(self.ctx.run_dir / "hf"))
             self.ctx.tokenizer.save_pretrained(str(self.ctx.run_dir / "hf"))
         return last
 
-    def train_step(self) -> dict[str, float]:
+    def train_step(self, step: int) -> dict[str, float]:
         timer = StageTimer()
         start = time.perf_counter()
-        batch, metrics = self.rollout(timer)
+        batch, metrics = self.rollout(timer, step)
         batch = trim_response_padding(batch)
-        batch.meta["step"] = self.step
+        batch.meta["step"] = step
         if self.recompute_old_log_prob:
             with timer("old_log_prob"):
                 batch = batch.union(self.ctx.policy.compute_log_prob(for_workers(batch)))
@@ -148,7 +150,7 @@ class Trainer:
         return metrics
 
     # -- stages ------------------------------------------------------------------------------------
-    def rollout(self, timer: StageTimer) -> tuple[DataProto, dict[str, float]]:
+    def rollout(self, timer: StageTimer, step: int) -> tuple[DataProto, dict[str, float]]:
         """Prompts -> n scored responses each; DAPO's dynamic sampling keeps only informative groups."""
         need = self.p.sequences_per_step
         kept: list[DataProto] = []
@@ -158,11 +160,11 @@ class Trainer:
             rounds += 1
             with timer("gen"):
                 prompts = self.ctx.train_data.next_batch()
-                batch = self.generate(prompts, self.p.rollout.n, seed=self._seed(rounds))
+                batch = self.generate(prompts, self.p.rollout.n, seed=self._seed(step, rounds))
             with timer("reward"):
                 batch = self.ctx.reward.score(batch)
                 if self.p.algorithm.adv_estimator == "remax":
-                    batch = self._remax_baseline(prompts, batch)
+                    batch = self._remax_baseline(prompts, batch, step)
             if not self.p.algorithm.dynamic_sampling:
                 return batch, self.ctx.reward.last_metrics()
             keep = groups_with_signal(batch.batch["scores"], batch.non_tensor["uid"])
@@ -186,8 +188,8 @@ class Trainer:
             tensors=out.batch, non_tensors=rows.non_tensor, meta={"temperature": self.p.rollout.temperature}
         )
 
-    def _remax_baseline(self, prompts: DataProto, batch: DataProto) -> DataProto:
-        greedy = self.ctx.reward.score(self.generate(prompts, 1, seed=self._seed(0), validation=True))
+    def _remax_baseline(self, prompts: DataProto, batch: DataProto, step: int) -> DataProto:
+        greedy = self.ctx.reward.score(self.generate(prompts, 1, seed=self._seed(step, 0), validation=True))
         baseline = greedy.batch["scores"].float().repeat_interleave(self.p.rollout.n)
         return batch.union(DataProto.from_dict(tensors={"reward_baselines": baseline}))
 
@@ -257,5 +259,25 @@ class Trainer:
     def _due(self, every: int) -> bool:
         return self.step == self.total_steps or (every > 0 and self.step % every == 0)
 
-    def _seed(self, round_: int) -> int:
-        return (self.p.run.seed * 1_000_003 + self.step * 101 + round_) % (2**31)
+    def _seed(self, step: int, round_: int) -> int:
+        return (self.p.run.seed * 1_000_003 + step * 101 + round_) % (2**31)
+
+    @contextmanager
+    def _stop_on_ctrl_c(self) -> Iterator[None]:
+        """First Ctrl-C: finish the current step, save, stop. A second one aborts at once."""
+        self.stop_requested = False
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, frame: object) -> None:
+            if self.stop_requested:
+                raise KeyboardInterrupt
+            self.stop_requested = True
+            log.warning("Ctrl-C: finishing this step, saving a checkpoint, then stopping (again to abort)")
+
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)

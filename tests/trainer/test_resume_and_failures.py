@@ -73,3 +73,30 @@ def test_failing_rank_names_role_rank_step_and_keeps_checkpoint(write_profile, t
     assert state["step"] == 1
     steps = [json.loads(x)["step"] for x in (tmp_path / "runs/fails/metrics.jsonl").read_text().splitlines()]
     assert max(steps) == 1
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_finishes_the_step_saves_and_resumes(write_profile, tmp_path):
+    profile = write_profile("ctrl-c", steps=40)
+    profile.write_text(profile.read_text().replace("save_every = 2", "save_every = 0"))
+    proc = rlctl("train", str(profile))
+    log = tmp_path / "runs/ctrl-c/metrics.jsonl"
+    deadline = time.monotonic() + 200
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.exists() and any(json.loads(x)["step"] >= 2 for x in log.read_text().splitlines() if x.strip()):
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    saved = sorted((tmp_path / "runs/ctrl-c/checkpoints").glob("step_*"))
+    assert len(saved) == 1, "save_every = 0: only the Ctrl-C save exists"
+    stopped_at = int(saved[0].name.split("_")[1])
+    assert 2 <= stopped_at < 40
+    assert max(r["step"] for r in metrics(tmp_path / "runs/ctrl-c")) == stopped_at
+
+    proc = rlctl("train", str(profile), "--max-steps", str(stopped_at + 2))
+    _, err = proc.communicate(timeout=200)
+    assert proc.returncode == 0, err
+    assert sorted(by_step(metrics(tmp_path / "runs/ctrl-c"))) == list(range(stopped_at + 3))
