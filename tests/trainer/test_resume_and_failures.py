@@ -83,7 +83,9 @@ def test_ctrl_c_finishes_the_step_saves_and_resumes(write_profile, tmp_path):
     log = tmp_path / "runs/ctrl-c/metrics.jsonl"
     deadline = time.monotonic() + 200
     while time.monotonic() < deadline and proc.poll() is None:
-        if log.exists() and any(json.loads(x)["step"] >= 2 for x in log.read_text().splitlines() if x.strip()):
+        if log.exists() and any(
+            json.loads(x)["step"] >= 2 for x in log.read_text().splitlines() if x.strip()
+        ):
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
