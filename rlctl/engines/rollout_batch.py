@@ -9,6 +9,11 @@ import torch
 from rlctl.engines.logprob import position_ids_from_mask
 
 
+def stop_token_ids(eos_token_id: int | Sequence[int] | None) -> list[int]:
+    """EOS given as an int, a list or None (never stop) -> the engines' stop-token list."""
+    return [] if eos_token_id is None else [int(t) for t in torch.tensor(eos_token_id).view(-1)]
+
+
 def unpadded_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int) -> list[list[int]]:
     """Each left-padded prompt as a plain token list, repeated ``n`` times (samples adjacent)."""
     prompts = [row[m.bool()].tolist() for row, m in zip(prompt_ids, prompt_mask, strict=True)]

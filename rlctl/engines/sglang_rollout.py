@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from rlctl.engines.registry import register_engine
-from rlctl.engines.rollout_batch import assemble_rollout, bucketed, unpadded_prompts
+from rlctl.engines.rollout_batch import assemble_rollout, bucketed, stop_token_ids, unpadded_prompts
 from rlctl.errors import RunError, UserError
 
 
@@ -81,7 +81,7 @@ class SGLangRolloutEngine:
         """Sample through SGLang; returns the same keys as the HF engine."""
         if self.asleep_tags:
             raise RunError("SGLang rollout engine is asleep; call wake() before generate()")
-        stop = [] if eos_token_id is None else [int(t) for t in torch.tensor(eos_token_id).view(-1)]
+        stop = stop_token_ids(eos_token_id)
         params = {
             "temperature": 0.0 if greedy else temperature,
             "top_p": top_p,

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from rlctl.engines.registry import register_engine
-from rlctl.engines.rollout_batch import assemble_rollout, bucketed, unpadded_prompts
+from rlctl.engines.rollout_batch import assemble_rollout, bucketed, stop_token_ids, unpadded_prompts
 from rlctl.errors import RunError, UserError
 
 EXTENSION = "rlctl.engines.vllm_rollout.RlctlWorkerExtension"
@@ -111,7 +111,7 @@ class VLLMRolloutEngine:
         """Sample through vLLM; returns the same keys as the HF engine."""
         if self.asleep_tags:
             raise RunError("vLLM rollout engine is asleep; call wake() before generate()")
-        stop = [] if eos_token_id is None else [int(t) for t in torch.tensor(eos_token_id).view(-1)]
+        stop = stop_token_ids(eos_token_id)
         seed = None if generator is None else int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
         params = self._vllm.SamplingParams(
             n=1,

@@ -91,19 +91,9 @@ def reshard_train_to_rollout(
     (``batch_isend_irecv`` per piece, contiguous pieces sent and received in place, no packing) or
     ``"auto"``: p2p on gloo (measured 2x faster there: no pack/unpack copies), all_to_all otherwise.
     """
-    dtype = dtype or (next(iter(local_shards.values())).dtype if local_shards else torch.bfloat16)
-    plan = train_to_rollout_plan(
-        config,
-        train_world,
-        rollout_tp,
-        bucket_bytes=bucket_bytes,
-        rank_order=rank_order,
-        fmt=fmt,
-        dtype=dtype,
+    executor = _executor(
+        config, train_world, rank, rollout_tp, local_shards, bucket_bytes, rank_order, fmt, dtype, False, out
     )
-    if not 0 <= rank < plan.world:
-        raise UserError(f"reshard: rank {rank} outside world {plan.world}")
-    executor = RankExecutor(plan, rank, local_shards, dtype=dtype, out=out)
     yield from _run(executor, group, transport)
     if stats is not None:
         stats["peak_extra_bytes"] = executor.meter.peak_total
@@ -125,7 +115,27 @@ def reshard_rollout_to_train(
     transport: str = "auto",
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """The inverse move: rollout tensors -> FSDP2 dim-0 shards (HF names), bucket by bucket."""
-    dtype = dtype or (next(iter(local_rollout.values())).dtype if local_rollout else torch.bfloat16)
+    executor = _executor(
+        config, train_world, rank, rollout_tp, local_rollout, bucket_bytes, rank_order, fmt, dtype, True, None
+    )
+    yield from _run(executor, group, transport)
+
+
+def _executor(
+    config: Any,
+    train_world: int,
+    rank: int,
+    rollout_tp: int,
+    local: Mapping[str, torch.Tensor],
+    bucket_bytes: int,
+    rank_order: str,
+    fmt: str,
+    dtype: torch.dtype | None,
+    reverse: bool,
+    out: Mapping[str, torch.Tensor] | None,
+) -> RankExecutor:
+    """This rank's executor of the (cached) plan in either direction; dtype defaults to the inputs'."""
+    dtype = dtype or (next(iter(local.values())).dtype if local else torch.bfloat16)
     plan = train_to_rollout_plan(
         config,
         train_world,
@@ -134,10 +144,11 @@ def reshard_rollout_to_train(
         rank_order=rank_order,
         fmt=fmt,
         dtype=dtype,
-        reverse=True,
+        reverse=reverse,
     )
-    executor = RankExecutor(plan, rank, local_rollout, dtype=dtype)
-    yield from _run(executor, group, transport)
+    if not 0 <= rank < plan.world:
+        raise UserError(f"reshard: rank {rank} outside world {plan.world}")
+    return RankExecutor(plan, rank, local, dtype=dtype, out=out)
 
 
 def _run(

@@ -14,6 +14,7 @@ from rlctl.log import get_logger
 from rlctl.platforms import resolve_platform
 from rlctl.profile.schema import Profile
 from rlctl.trainer.evaluate import scorer_for
+from rlctl.trainer.models import load_tokenizer
 from rlctl.trainer.scoring import BatchScorer
 from rlctl.trainer.specs import build_specs
 from rlctl.trainer.workers import CriticWorker, PolicyWorker, ReferenceWorker
@@ -79,15 +80,6 @@ class RunContext:
                 group.shutdown()
 
 
-def load_tokenizer(profile: Profile) -> Any:
-    from transformers import AutoTokenizer
-
-    path = profile.model.tokenizer or profile.model.path
-    if not Path(path).is_dir():
-        raise UserError(f"{profile.source}: model.path: not a local model directory: {path}")
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=profile.model.trust_remote_code)
-
-
 def load_prompts(profile: Profile, tokenizer: Any) -> tuple[PromptSource, DataProto | None]:
     """Train stream plus the fixed validation prompts (the task's split, or data.val)."""
     d, seed = profile.data, profile.run.seed
@@ -115,7 +107,11 @@ def build_context(profile: Profile, run_dir: Path) -> RunContext:
         raise UserError(
             f"{profile.source}: platform.vendor: {platform.name} is not usable here: {probe.reason}"
         )
-    tokenizer = load_tokenizer(profile)
+    tokenizer = load_tokenizer(
+        profile.model.tokenizer or profile.model.path,
+        profile.model.trust_remote_code,
+        where=f"{profile.source}: model.path",
+    )
     train, val = load_prompts(profile, tokenizer)
     scorer = scorer_for(profile, tokenizer)
     dtype = profile.platform.dtype

@@ -62,12 +62,11 @@ def greedy_accuracy(
 
 def evaluate_model(profile: Profile, model_path: str, limit: int | None = None) -> dict[str, float]:
     """Load ``model_path`` into the HF rollout engine and measure greedy validation accuracy."""
-    from transformers import AutoTokenizer
-
     from rlctl.engines.hf_rollout import HFRolloutEngine
     from rlctl.trainer.context import load_prompts
+    from rlctl.trainer.models import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=profile.model.trust_remote_code)
+    tokenizer = load_tokenizer(model_path, profile.model.trust_remote_code)
     _, val = load_prompts(profile, tokenizer)
     if val is None:
         from rlctl.errors import UserError

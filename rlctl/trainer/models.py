@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rlctl.errors import UserError
 
 BUILTIN = "builtin:"
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False, where: str = "model.path") -> Any:
+    """The tokenizer saved in a local model directory (never a hub lookup); ``where`` names the key."""
+    if not Path(path).is_dir():
+        raise UserError(f"{where}: not a local model directory: {path}")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
 
 
 def materialize_model(path: str, cache_dir: Path, seed: int = 0) -> str:

@@ -25,7 +25,7 @@ from rlctl.profile.schema import Profile
 from rlctl.tracking import Tracker
 from rlctl.trainer.context import load_prompts
 from rlctl.trainer.evaluate import greedy_accuracy, scorer_for
-from rlctl.trainer.models import materialize_model
+from rlctl.trainer.models import load_tokenizer, materialize_model
 
 log = get_logger("rlctl.sft")
 
@@ -69,9 +69,7 @@ def run_sft(profile: Profile, run_dir: Path) -> dict[str, Any]:
     torch.manual_seed(profile.run.seed)
     model_path = materialize_model(profile.model.path, run_dir / "base_model", seed=profile.run.seed)
     profile = replace(profile, model=replace(profile.model, path=model_path))
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=profile.model.trust_remote_code)
+    tokenizer = load_tokenizer(model_path, profile.model.trust_remote_code)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     data = SFTDataset(load_dataset(profile.data.train, "train", seed=profile.run.seed), tokenizer)
     _, val = load_prompts(profile, tokenizer)
