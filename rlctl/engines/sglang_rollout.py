@@ -1,24 +1,52 @@
-"""SGLang rollout adapter (offline ``sglang.Engine``), written against SGLang's documented API.
+"""SGLang rollout adapter (offline ``sglang.Engine``).
 
-Not runnable here (no SGLang, no GPU); unit-tested with a fake ``sglang`` module shaped after the
-real one. Uses ``Engine(model_path=..., enable_memory_saver=True)``, ``Engine.generate(input_ids=,
-sampling_params=, return_logprob=True)`` (``meta_info["output_token_logprobs"]`` holds
-``(logprob, token_id, text)`` per generated token), ``update_weights_from_tensor(named_tensors,
-load_format=None, flush_cache=True)`` and ``release_memory_occupation`` /
-``resume_memory_occupation``. Log-prob temperature convention: as SGLang reports it (see the
-vLLM adapter's note); the training engine recomputes old log-probs either way.
+Written against the released SGLang source (paths inside the wheel, versions 0.5.3 and 0.5.23; the
+recorded surfaces are ``tests/engines/surfaces/sglang-*.json``). Not yet run on NVIDIA hardware;
+unit-tested against fakes built from those surfaces.
+
+- ``Engine(**kw)`` builds ``ServerArgs(**kw)`` (a dataclass through 0.5.19, a msgspec struct
+  assembled from ``sglang/srt/arg_groups/fields/`` from 0.5.20): an unknown keyword raises, so
+  only fields of the installed ``ServerArgs`` are passed. ``flash_attention_2`` becomes
+  ``attention_backend="fa3"`` (SGLang's FlashAttention backend); other choices keep SGLang's default.
+- Sampling: one dict per request with its own ``sampling_seed`` (``sampling/sampling_params.py``,
+  from 0.5.3). SGLang honours the seed only with ``enable_deterministic_inference`` (it then
+  gives every unseeded request seed 42, ``sampling/sampling_batch_info.py``); without it the
+  copies of a prompt still differ but a rerun does not repeat them.
+- Log-probs (``layers/sampler.py``): ``log_softmax(logits / T)`` before top-k/top-p, rlctl's
+  convention; an all-greedy batch (and ``SGLANG_RETURN_ORIGINAL_LOGPROB`` /
+  ``RETURN_ORIGINAL_LOGPROB``) gives ``log_softmax(logits)``.
+- Weights: ``update_weights_from_tensor`` returns ``(success, message)`` and never raises; from
+  0.5.21 it must run between ``begin_weight_update()`` and ``end_weight_update()``
+  (``managers/scheduler_components/weight_updater.py``), else it returns ``success=False``. Every
+  result is checked.
+- Memory: ``release_memory_occupation(tags)`` frees without a host copy unless
+  ``enable_weights_cpu_backup`` (from 0.5.3); the adapter enables it and releases the weights only
+  when it is there, else it releases just the KV cache (released weights come back as garbage).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterable, Sequence
 
 import torch
 
+from rlctl.engines.external_version import accepts, init_fields, installed_version, only_known
 from rlctl.engines.registry import register_engine
-from rlctl.engines.rollout_batch import assemble_rollout, bucketed, stop_token_ids, unpadded_prompts
+from rlctl.engines.rollout_batch import (
+    assemble_rollout,
+    bucketed,
+    row_seeds,
+    stop_token_ids,
+    unpadded_prompts,
+)
+from rlctl.engines.vllm_rollout import refuse_tensor_parallel
 from rlctl.errors import RunError, UserError
+
+# transformers attn_implementation -> SGLang attention_backend (sglang/srt/arg_groups/choices.py)
+ATTENTION_BACKENDS = {"flash_attention_2": "fa3"}
+ORIGINAL_LOGPROB_ENV = ("SGLANG_RETURN_ORIGINAL_LOGPROB", "RETURN_ORIGINAL_LOGPROB")
 
 
 def _import_sglang():
@@ -28,6 +56,16 @@ def _import_sglang():
         raise UserError(
             "rollout backend 'sglang' needs the sglang package (pip install 'rlctl[sglang]')"
         ) from exc
+
+
+def _checked(result, what: str) -> None:
+    """SGLang reports failure as ``(False, message)``; turn that into a RunError."""
+    if isinstance(result, tuple | list) and result:
+        success, message = result[0], result[1] if len(result) > 1 else ""
+    else:
+        success, message = getattr(result, "success", None), getattr(result, "message", "")
+    if success is not True:
+        raise RunError(f"SGLang {what} failed: {message or repr(result)}")
 
 
 @register_engine("rollout", model_type="*", backend="sglang", device="cuda")
@@ -40,28 +78,56 @@ class SGLangRolloutEngine:
         *,
         device: str = "cuda",
         dtype: str = "bfloat16",
-        tensor_parallel_size: int = 1,
-        mem_fraction_static: float = 0.5,
-        seed: int = 0,
+        attn_implementation: str = "sdpa",
         trust_remote_code: bool = False,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        seed: int = 0,
         bucket_bytes: int = 256 << 20,
         **engine_kwargs,
     ):
+        """``engine_kwargs`` go to ``sglang.Engine`` as given (for settings rlctl does not know)."""
+        refuse_tensor_parallel(tensor_parallel_size, "SGLang")
         sglang = _import_sglang()
+        self.version = installed_version("sglang")
         self.bucket_bytes = bucket_bytes
-        kwargs = dict(
+        server_args = importlib.import_module("sglang.srt.server_args").ServerArgs
+        fields = init_fields(server_args)
+        wanted: dict[str, object] = dict(
             model_path=str(model_path),
             dtype=dtype,
-            tp_size=tensor_parallel_size,
-            mem_fraction_static=mem_fraction_static,
+            tp_size=1,
+            mem_fraction_static=gpu_memory_utilization,
             enable_memory_saver=True,
+            enable_weights_cpu_backup=True,
             random_seed=seed,
             trust_remote_code=trust_remote_code,
             skip_tokenizer_init=True,
         )
+        backend = ATTENTION_BACKENDS.get(attn_implementation)
+        if backend is not None:
+            wanted["attention_backend"] = backend
+        kwargs = only_known(wanted, fields)
         kwargs.update(engine_kwargs)
         self.engine = sglang.Engine(**kwargs)
+        self._release_weights = bool(kwargs.get("enable_weights_cpu_backup"))
+        sampling = importlib.import_module("sglang.srt.sampling.sampling_params").SamplingParams
+        self._sampling_fields = init_fields(sampling)
+        self._tags = accepts(self.engine.release_memory_occupation, "tags")
+        self._session = hasattr(self.engine, "begin_weight_update")
         self.asleep_tags: set[str] = set()
+
+    def log_prob_gap(
+        self, *, temperature: float, top_p: float, top_k: int, greedy: bool = False
+    ) -> str | None:
+        """None when generate() returns ``log_softmax(logits / T)`` untruncated; else why not."""
+        raw = [name for name in ORIGINAL_LOGPROB_ENV if os.environ.get(name, "").lower() in ("1", "true")]
+        if (raw or greedy) and temperature != 1.0:
+            why = f"{raw[0]} is set" if raw else "greedy"
+            return (
+                f"sglang {self.version} log-probs are before temperature ({why}, temperature={temperature})"
+            )
+        return None
 
     def generate(
         self,
@@ -76,29 +142,34 @@ class SGLangRolloutEngine:
         greedy: bool = False,
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int = 0,
-        generator: torch.Generator | None = None,
+        seed: int | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Sample through SGLang; returns the same keys as the HF engine."""
+        """Sample through SGLang; same keys as the HF engine (``rollout_log_probs`` only when exact)."""
         if self.asleep_tags:
             raise RunError("SGLang rollout engine is asleep; call wake() before generate()")
         stop = stop_token_ids(eos_token_id)
-        params = {
-            "temperature": 0.0 if greedy else temperature,
-            "top_p": top_p,
-            "top_k": top_k if top_k > 0 else -1,
-            "max_new_tokens": max_new_tokens,
-            "stop_token_ids": stop,
-            "ignore_eos": not stop,
-        }
-        if generator is not None:
-            params["sampling_seed"] = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-        outputs = self.engine.generate(
-            input_ids=unpadded_prompts(prompt_ids, prompt_mask, n),
-            sampling_params=params,
-            return_logprob=True,
-        )
+        exact = self.log_prob_gap(temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy) is None
+        prompts = unpadded_prompts(prompt_ids, prompt_mask, n)
+        params = []
+        for row_seed in row_seeds(seed, len(prompts)):
+            wanted = {
+                "temperature": 0.0 if greedy else temperature,
+                "top_p": top_p,
+                "top_k": top_k if top_k > 0 else -1,  # -1: whole vocabulary
+                "max_new_tokens": max_new_tokens,
+                "stop_token_ids": stop,
+                "ignore_eos": not stop,
+            }
+            if row_seed is not None:
+                wanted["sampling_seed"] = row_seed
+            params.append(only_known(wanted, self._sampling_fields))
+        outputs = self.engine.generate(input_ids=prompts, sampling_params=params, return_logprob=exact)
         responses = [list(o["output_ids"]) for o in outputs]
-        log_probs = [[float(lp) for lp, _tok, *_ in o["meta_info"]["output_token_logprobs"]] for o in outputs]
+        log_probs = None
+        if exact:
+            log_probs = [
+                [float(lp) for lp, _tok, *_ in o["meta_info"]["output_token_logprobs"]] for o in outputs
+            ]
         return assemble_rollout(
             prompt_ids,
             prompt_mask,
@@ -110,28 +181,50 @@ class SGLangRolloutEngine:
         )
 
     def update_weights(self, stream: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """``update_weights_from_tensor`` per bucket; the radix cache is flushed after the last one."""
+        """``update_weights_from_tensor`` per bucket inside a weight-update session where SGLang has one.
+
+        The radix cache is flushed with the last bucket; every ``(success, message)`` is checked.
+        """
         if "weights" in self.asleep_tags:
-            self.engine.resume_memory_occupation(tags=["weights"])
-            self.asleep_tags.discard("weights")
+            self._resume(["weights"])
+        if self._session:
+            _checked(self.engine.begin_weight_update(), "begin_weight_update")
         count, pending = 0, None
-        for bucket in bucketed(stream, self.bucket_bytes):  # one bucket of lookahead: flush on the last
+        try:
+            for bucket in bucketed(stream, self.bucket_bytes):  # one bucket of lookahead: flush on the last
+                if pending is not None:
+                    self._load(pending, flush_cache=False)
+                pending, count = bucket, count + len(bucket)
             if pending is not None:
-                self.engine.update_weights_from_tensor(
-                    named_tensors=pending, load_format=None, flush_cache=False
-                )
-            pending, count = bucket, count + len(bucket)
-        if pending is not None:
-            self.engine.update_weights_from_tensor(named_tensors=pending, load_format=None, flush_cache=True)
+                self._load(pending, flush_cache=True)
+        except BaseException:
+            if self._session:  # close the session; the first error is the one to report
+                self.engine.end_weight_update()
+            raise
+        if self._session:
+            _checked(self.engine.end_weight_update(), "end_weight_update")
         return count
 
+    def _load(self, bucket: list[tuple[str, torch.Tensor]], *, flush_cache: bool) -> None:
+        result = self.engine.update_weights_from_tensor(
+            named_tensors=bucket, load_format=None, flush_cache=flush_cache
+        )
+        _checked(result, "update_weights_from_tensor")
+
+    def _resume(self, tags: list[str]) -> None:
+        self.engine.resume_memory_occupation(tags=tags)
+        self.asleep_tags -= set(tags)
+
     def sleep(self) -> None:
-        """Release weights and KV cache memory (SGLang's memory saver)."""
-        self.engine.release_memory_occupation(tags=["weights", "kv_cache"])
-        self.asleep_tags = {"weights", "kv_cache"}
+        """Release the KV cache, and the weights when SGLang keeps a CPU copy of them."""
+        tags = ["kv_cache", "weights"] if self._release_weights else ["kv_cache"]
+        if not self._tags:
+            raise RunError(f"sglang {self.version} cannot release memory by tag; install sglang>=0.5.3")
+        self.engine.release_memory_occupation(tags=tags)
+        self.asleep_tags = set(tags)
 
     def wake(self) -> None:
         """Resume what is still released (the weights unless an update already brought them back)."""
         if self.asleep_tags:
-            self.engine.resume_memory_occupation(tags=sorted(self.asleep_tags))
+            self._resume(sorted(self.asleep_tags))
         self.asleep_tags = set()

@@ -1,21 +1,30 @@
-"""vLLM rollout adapter (colocated offline ``vllm.LLM``), written against vLLM's documented API.
+"""vLLM rollout adapter (colocated offline ``vllm.LLM``), also vllm-ascend on Ascend NPUs.
 
-Not runnable in this workplace (no vLLM, no GPU): it is unit-tested with a fake ``vllm`` module
-shaped after the real one. What it uses:
+Written against the released vLLM source (paths inside the wheel, versions 0.10.2 and 0.33.0; the
+recorded surfaces are ``tests/engines/surfaces/vllm-*.json``). Not yet run on NVIDIA hardware;
+unit-tested against fakes built from those surfaces. vllm-ascend is a vLLM platform plugin with
+the same ``LLM`` API, so the same adapter serves ``device="npu"``.
 
-- ``LLM(model=..., enable_sleep_mode=True, worker_extension_cls=...)``; ``LLM.generate`` with
-  token-id prompts and ``SamplingParams(logprobs=0)`` (the sampled token's log-prob).
-- ``llm.sleep(level)`` / ``llm.wake_up(tags)``; weights are loaded in place through
-  ``llm.collective_rpc`` into :class:`RlctlWorkerExtension`, which calls the model runner's
-  ``model.load_weights`` with HF names (vLLM merges q/k/v and gate/up itself).
-
-Log-probs: vLLM returns raw (temperature-free) log-probs unless ``logprobs_mode`` says otherwise;
-the adapter asks for ``processed_logprobs`` (vLLM >= 0.10.2), which are under the sampling
-temperature but, in recent vLLM, also after top-k/top-p truncation, so with truncation on they
-differ from the HF engine's untruncated convention. The training engine recomputes old log-probs
-either way. The in-place weight path passes tensors through ``collective_rpc`` and so needs the
-workers in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, tensor parallel size 1); TP > 1 needs an
-IPC/NCCL transfer (the reshard package) and is not wired here.
+- ``LLM(model, **kw)`` hands every extra keyword to ``EngineArgs`` (a dataclass: an unknown one is
+  a ``TypeError``, ``vllm/engine/arg_utils.py``), so only fields of the installed ``EngineArgs``
+  are passed. There is no ``attn_implementation``: ``flash_attention_2`` becomes
+  ``attention_config={"backend": "FLASH_ATTN"}`` where ``EngineArgs`` has ``attention_config``
+  (``vllm/config/attention.py``, 0.33); other choices keep vLLM's own backend selection.
+- One ``SamplingParams`` per request, each with its own ``seed``: vLLM seeds every request's
+  generator with its ``seed`` (0.10.2 ``v1/worker/gpu_input_batch.py``; 0.33 V2 runner noise from
+  ``(seed, position)``, ``v1/worker/gpu/sample/states.py``), so one shared seed would make a
+  GRPO group's copies identical.
+- Log-probs (``vllm/v1/sample/sampler.py``): ``raw_logprobs`` (the default) are
+  ``log_softmax(logits)`` before temperature; ``logprobs_mode="processed_logprobs"`` from 0.10.2
+  is after temperature and after top-k/top-p renormalisation (0.10.0-0.10.1.1 computed it before
+  temperature); an all-greedy batch returns ``log_softmax(logits)``. The adapter asks for
+  ``processed_logprobs`` and returns ``rollout_log_probs`` only when they equal rlctl's
+  ``log_softmax(logits / T)`` untruncated (see :meth:`VLLMRolloutEngine.log_prob_gap`).
+- ``sleep(level=1)`` offloads the weights to CPU and drops the KV cache; ``wake_up(tags=...)``
+  (tags from 0.8.3) restores them. Weights are loaded in place through ``collective_rpc`` into
+  :class:`RlctlWorkerExtension` (``worker_extension_cls``), which calls the model's
+  ``load_weights`` with HF names; tensors pass by reference with the in-process executor
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
 """
 
 from __future__ import annotations
@@ -26,11 +35,22 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from rlctl.engines.external_version import accepts, init_fields, installed_version, only_known, release
 from rlctl.engines.registry import register_engine
-from rlctl.engines.rollout_batch import assemble_rollout, bucketed, stop_token_ids, unpadded_prompts
+from rlctl.engines.rollout_batch import (
+    assemble_rollout,
+    bucketed,
+    row_seeds,
+    stop_token_ids,
+    unpadded_prompts,
+)
 from rlctl.errors import RunError, UserError
 
 EXTENSION = "rlctl.engines.vllm_rollout.RlctlWorkerExtension"
+# transformers attn_implementation -> vLLM AttentionBackendEnum name (vllm/v1/attention/backends/registry.py);
+# sdpa / eager have no vLLM counterpart other than its own default selection.
+ATTENTION_BACKENDS = {"flash_attention_2": "FLASH_ATTN"}
+PROCESSED_AFTER_TEMPERATURE = (0, 10, 2)  # vllm/v1/sample/sampler.py: processed = after temperature
 
 
 class RlctlWorkerExtension:
@@ -49,6 +69,16 @@ def _import_vllm():
         raise UserError("rollout backend 'vllm' needs the vllm package (pip install 'rlctl[vllm]')") from exc
 
 
+def refuse_tensor_parallel(tensor_parallel_size: int, engine: str) -> None:
+    """Rollout TP > 1 needs every trainer rank to build the engine together; not wired yet."""
+    if tensor_parallel_size != 1:
+        raise UserError(
+            f"rollout.tensor_parallel={tensor_parallel_size}: tensor-parallel {engine} rollout is not "
+            "supported yet; set rollout.tensor_parallel = 1 (one engine copy per GPU)"
+        )
+
+
+@register_engine("rollout", model_type="*", backend="vllm", device="npu")
 @register_engine("rollout", model_type="*", backend="vllm", device="cuda")
 class VLLMRolloutEngine:
     """Same surface as :class:`~rlctl.engines.hf_rollout.HFRolloutEngine`, backed by ``vllm.LLM``."""
@@ -59,22 +89,25 @@ class VLLMRolloutEngine:
         *,
         device: str = "cuda",
         dtype: str = "bfloat16",
+        attn_implementation: str = "sdpa",
+        trust_remote_code: bool = False,
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.5,
         seed: int = 0,
-        trust_remote_code: bool = False,
         bucket_bytes: int = 256 << 20,
         **llm_kwargs,
     ):
+        """``llm_kwargs`` go to ``vllm.LLM`` as given (for settings rlctl does not know)."""
+        refuse_tensor_parallel(tensor_parallel_size, "vLLM")
         vllm = _import_vllm()
         self._vllm = vllm
+        self.version = installed_version("vllm")
         self.bucket_bytes = bucket_bytes
-        if tensor_parallel_size == 1:
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        kwargs = dict(
-            model=str(model_path),
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # tensors by reference in collective_rpc
+        fields = init_fields(vllm.EngineArgs)
+        wanted: dict[str, object] = dict(
             dtype=dtype,
-            tensor_parallel_size=tensor_parallel_size,
+            tensor_parallel_size=1,
             gpu_memory_utilization=gpu_memory_utilization,
             enable_sleep_mode=True,
             worker_extension_cls=EXTENSION,
@@ -83,15 +116,41 @@ class VLLMRolloutEngine:
             skip_tokenizer_init=True,
             logprobs_mode="processed_logprobs",
         )
+        backend = ATTENTION_BACKENDS.get(attn_implementation)
+        if backend is not None:
+            wanted["attention_config"] = {"backend": backend}
+        kwargs = only_known(wanted, fields)
+        for required in ("enable_sleep_mode", "worker_extension_cls"):
+            if required not in kwargs:
+                raise UserError(f"vllm {self.version} has no EngineArgs.{required}; install vllm>=0.10.2")
         kwargs.update(llm_kwargs)
-        try:
-            self.llm = vllm.LLM(**kwargs)
-        except TypeError as exc:  # vLLM before logprobs_mode: raw log-probs, see module doc
-            if "logprobs_mode" not in str(exc):
-                raise
-            kwargs.pop("logprobs_mode")
-            self.llm = vllm.LLM(**kwargs)
+        self.logprobs_mode = str(kwargs.get("logprobs_mode", "raw_logprobs"))
+        self.llm = vllm.LLM(model=str(model_path), **kwargs)
+        self._sampling_fields = init_fields(vllm.SamplingParams)
+        self._wake_tags = accepts(self.llm.wake_up, "tags")
         self.asleep_tags: set[str] = set()
+
+    # -- log-prob convention ---------------------------------------------------------------------
+    def log_prob_gap(
+        self, *, temperature: float, top_p: float, top_k: int, greedy: bool = False
+    ) -> str | None:
+        """None when generate() returns ``log_softmax(logits / T)`` untruncated; else why not."""
+        truncated = (top_k is not None and top_k > 0) or top_p < 1.0
+        processed = self.logprobs_mode == "processed_logprobs" and (
+            release(self.version) >= PROCESSED_AFTER_TEMPERATURE
+        )
+        if processed and not greedy:  # after temperature and after top-k/top-p renormalisation
+            if truncated:
+                return (
+                    f"vllm {self.version} log-probs are renormalised over the top-k/top-p set "
+                    f"(top_k={top_k}, top_p={top_p})"
+                )
+            return None
+        # raw mode, greedy batches and vLLM < 0.10.2: log_softmax(logits) without temperature
+        if temperature != 1.0:
+            what = "greedy" if greedy else self.logprobs_mode
+            return f"vllm {self.version} {what} log-probs are before temperature (temperature={temperature})"
+        return None
 
     def generate(
         self,
@@ -106,64 +165,78 @@ class VLLMRolloutEngine:
         greedy: bool = False,
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int = 0,
-        generator: torch.Generator | None = None,
+        seed: int | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Sample through vLLM; returns the same keys as the HF engine."""
+        """Sample through vLLM; same keys as the HF engine (``rollout_log_probs`` only when exact)."""
         if self.asleep_tags:
             raise RunError("vLLM rollout engine is asleep; call wake() before generate()")
         stop = stop_token_ids(eos_token_id)
-        seed = None if generator is None else int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-        params = self._vllm.SamplingParams(
-            n=1,
-            temperature=0.0 if greedy else temperature,
-            top_p=top_p,
-            top_k=top_k if top_k > 0 else -1,
-            max_tokens=max_new_tokens,
-            logprobs=0,
-            stop_token_ids=stop,
-            ignore_eos=not stop,
-            seed=seed,
-            detokenize=False,
-        )
-        prompts = [{"prompt_token_ids": p} for p in unpadded_prompts(prompt_ids, prompt_mask, n)]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        exact = self.log_prob_gap(temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy) is None
+        prompts = unpadded_prompts(prompt_ids, prompt_mask, n)
+        params = []
+        for row_seed in row_seeds(seed, len(prompts)):
+            wanted = dict(
+                n=1,
+                temperature=0.0 if greedy else temperature,
+                top_p=1.0 if greedy else top_p,
+                top_k=top_k if top_k > 0 and not greedy else 0,  # 0: off on every version
+                max_tokens=max_new_tokens,
+                logprobs=0 if exact else None,  # 0: the sampled token's log-prob only
+                stop_token_ids=stop,
+                ignore_eos=not stop,
+                seed=row_seed,
+                detokenize=False,
+            )
+            params.append(self._vllm.SamplingParams(**only_known(wanted, self._sampling_fields)))
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         responses, log_probs = [], []
         for request in outputs:
             completion = request.outputs[0]
             tokens = list(completion.token_ids)
             responses.append(tokens)
-            log_probs.append(
-                [step[tok].logprob for step, tok in zip(completion.logprobs, tokens, strict=True)]
-            )
+            if exact:
+                log_probs.append(
+                    [step[tok].logprob for step, tok in zip(completion.logprobs, tokens, strict=True)]
+                )
         return assemble_rollout(
             prompt_ids,
             prompt_mask,
             responses,
-            log_probs,
+            log_probs if exact else None,
             n=n,
             max_new_tokens=max_new_tokens,
             pad_token_id=pad_token_id,
         )
 
+    # -- weights and memory ----------------------------------------------------------------------
+    def _wake(self, tags: list[str]) -> None:
+        if self._wake_tags:
+            self.llm.wake_up(tags=tags)
+            self.asleep_tags -= set(tags)
+        else:  # no tags before vLLM 0.8.3: everything wakes at once
+            self.llm.wake_up()
+            self.asleep_tags = set()
+
     def update_weights(self, stream: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load HF-named tensors in buckets through ``collective_rpc``; drops the prefix cache."""
         if "weights" in self.asleep_tags:
-            self.llm.wake_up(tags=["weights"])
-            self.asleep_tags.discard("weights")
+            self._wake(["weights"])
         count = 0
         for bucket in bucketed(stream, self.bucket_bytes):
             results = self.llm.collective_rpc("rlctl_load_weights", args=(bucket,))
-            count += int(results[0])
+            if not results or any(int(r) != len(bucket) for r in results):
+                raise RunError(f"vLLM workers loaded {results} of {len(bucket)} tensors")
+            count += len(bucket)
         self.llm.reset_prefix_cache()
         return count
 
-    def sleep(self, level: int = 1) -> None:
-        """Level 1: weights to CPU, KV cache dropped; level 2: both dropped (reload required)."""
-        self.llm.sleep(level=level)
+    def sleep(self) -> None:
+        """Level 1: the weights go to CPU (restored by wake), the KV cache is dropped."""
+        self.llm.sleep(level=1)
         self.asleep_tags = {"weights", "kv_cache"}
 
     def wake(self) -> None:
         """Restore what is still asleep: the weights (unless an update woke them) and the KV cache."""
         if self.asleep_tags:
-            self.llm.wake_up(tags=sorted(self.asleep_tags))
+            self._wake(sorted(self.asleep_tags))
         self.asleep_tags = set()

@@ -53,13 +53,13 @@ def test_fake_vllm_073_fails_the_pin(tmp_path):
     assert proc.returncode == 1
     pin = checks(proc)["pin:vllm-min"]
     assert pin["verdict"] == "FAIL" and "0.7.3" in pin["reason"] and "OOM" in pin["reason"]
-    assert "vllm>=0.8.2" in pin["fix"]
+    assert "vllm>=0.10.2" in pin["fix"]
     table = run(pythonpath=tmp_path)
     assert table.returncode == 1 and "pin:vllm-min" in table.stdout
 
 
 def test_fake_vllm_with_other_torch_pin_fails(tmp_path):
-    make_dist(tmp_path, "vllm", "0.9.2", requires=("torch==2.7.0", "transformers>=4.51.1"))
+    make_dist(tmp_path, "vllm", "0.10.2", requires=("torch==2.7.0", "transformers>=4.51.1"))
     proc = run("--json", pythonpath=tmp_path)
     assert proc.returncode == 1
     rows = checks(proc)

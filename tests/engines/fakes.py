@@ -1,67 +1,247 @@
-"""Fake ``vllm`` and ``sglang`` modules shaped after their public offline APIs.
+"""Fake ``vllm`` and ``sglang`` packages built from the recorded API surfaces of real releases.
 
-Only the surface the adapters touch is modelled: ``vllm.LLM`` (generate with token-id prompts and
-``SamplingParams(logprobs=0)``, sleep/wake_up, collective_rpc into a worker extension,
-reset_prefix_cache), ``vllm.SamplingParams``; ``sglang.Engine`` (generate with input_ids and
-return_logprob, update_weights_from_tensor, release/resume_memory_occupation). Generation is done
-by a real HF model so log-probs and weight updates can be checked numerically; prompts arrive
-unpadded, as the real engines expect. Every call is recorded in ``calls``.
+``surfaces/<package>-<version>.json`` (written by ``ci/api_surface.py`` from the released wheels)
+gives each version's method signatures and the field names of ``EngineArgs`` / ``ServerArgs`` /
+``SamplingParams``. The fakes raise as the real library does: an unknown keyword to a dataclass is
+``TypeError: EngineArgs.__init__() got an unexpected keyword argument 'x'``, to a msgspec struct
+``TypeError: Unexpected keyword argument 'x'``; a method a version lacks is an ``AttributeError``;
+a call that does not fit the recorded signature is the ``TypeError`` Python raises for it. The
+version is published as real installs do: a ``<name>-<version>.dist-info`` on ``sys.path`` (read
+with ``importlib.metadata``) and ``__version__``.
+
+Generation is done by the real HF model (:class:`rlctl.engines.hf_rollout.HFRolloutEngine`), one
+request at a time, so samples and log-probs can be checked numerically. Behaviour that depends on
+the version is modelled from the source (paths inside the wheels):
+
+- vLLM seeds: each request draws from its own ``SamplingParams.seed`` (0.10.2
+  ``vllm/v1/worker/gpu_input_batch.py``: ``torch.Generator().manual_seed(seed)`` per request; 0.33
+  ``vllm/v1/worker/gpu/sample/states.py``: noise from ``(seed, position)``): one seed shared by all
+  requests gives identical samples for identical prompts. No seed: a fresh random one.
+- vLLM log-probs (``vllm/v1/sample/sampler.py``): ``raw_logprobs`` = ``log_softmax(logits)``;
+  ``processed_logprobs`` = before temperature on 0.10.0-0.10.1.1, after temperature and after
+  top-k/top-p renormalisation from 0.10.2; an all-greedy batch returns ``log_softmax(logits)``.
+- vLLM sleep (``vllm/device_allocator/cumem.py``): level 1 keeps the weights on the host, level 2
+  discards them (they wake as garbage); ``wake_up`` without ``tags`` wakes everything.
+- SGLang seeds (``sglang/srt/sampling/sampling_batch_info.py``): ``sampling_seed`` is used only
+  with ``enable_deterministic_inference``, which gives unseeded requests seed 42; otherwise every
+  draw is random.
+- SGLang log-probs (``sglang/srt/layers/sampler.py``): ``log_softmax(logits / T)`` before
+  top-k/top-p; greedy requests (temperature 0 -> 1, top_k 1, ``sampling/sampling_params.py``) and
+  ``[SGLANG_]RETURN_ORIGINAL_LOGPROB`` give ``log_softmax(logits)``.
+- SGLang weight-update session (0.5.21+,
+  ``sglang/srt/managers/scheduler_components/weight_updater.py``): ``update_weights_from_tensor``
+  outside ``begin_weight_update()`` / ``end_weight_update()`` returns ``(False, message)``.
+- SGLang memory saver: released weights come back as garbage (zeros here) unless
+  ``enable_weights_cpu_backup``; resuming what is not released raises ``KeyError``.
 """
 
 from __future__ import annotations
 
-import importlib
+import copy
+import dataclasses
+import inspect
+import json
+import os
+import random
+import sys
 import types
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from rlctl.engines.hf_rollout import HFRolloutEngine
+from rlctl.engines.sampling import filter_top_k_top_p
+
+SURFACES = Path(__file__).parent / "surfaces"
+VLLM_VERSIONS = ("0.10.2", "0.33.0")  # the floor rlctl pins and the newest release
+SGLANG_VERSIONS = ("0.5.3", "0.5.23")
+_EPS = 1e-5  # vLLM / SGLang _SAMPLING_EPS
 
 
-class _HFModelWithLoadWeights:
-    """Stands in for a vLLM model: ``load_weights(weights) -> set of loaded names``."""
-
-    def __init__(self, engine: HFRolloutEngine):
-        self.engine = engine
-
-    def load_weights(self, weights):
-        names = set()
-        for name, tensor in weights:
-            self.engine.update_weights([(name, tensor)])
-            names.add(name)
-        return names
+def load_surface(package: str, version: str) -> dict:
+    return json.loads((SURFACES / f"{package}-{version}.json").read_text())
 
 
-def _run(engine: HFRolloutEngine, prompt: list[int], temperature, top_p, top_k, max_tokens, stop, seed):
-    """One request through the HF engine; returns (token_ids, log-probs) up to and incl. the stop."""
-    assert all(isinstance(t, int) for t in prompt) and prompt, "prompts must be plain unpadded token lists"
+def release(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".")[:3])
+
+
+def install_dist(root: Path, name: str, version: str) -> None:
+    """A ``name-version.dist-info`` under ``root`` (put ``root`` on sys.path): what pip leaves."""
+    info = root / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+# -- signatures and structs from the surface ---------------------------------------------------------
+_KINDS = {
+    "positional_only": inspect.Parameter.POSITIONAL_ONLY,
+    "positional_or_keyword": inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    "var_positional": inspect.Parameter.VAR_POSITIONAL,
+    "keyword_only": inspect.Parameter.KEYWORD_ONLY,
+    "var_keyword": inspect.Parameter.VAR_KEYWORD,
+}
+
+
+def signature(spec: dict) -> inspect.Signature:
+    """The recorded signature (``self`` first) as an ``inspect.Signature``."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for p in spec["params"]:
+        default = None if p["default"] else inspect.Parameter.empty
+        params.append(inspect.Parameter(p["name"], _KINDS[p["kind"]], default=default))
+    return inspect.Signature(params)
+
+
+def recorded_method(qualname: str, spec: dict, impl):
+    """A method with the recorded signature: a call that does not fit raises like Python's own check."""
+    sig = signature(spec)
+
+    def method(self, *args, **kwargs):
+        try:
+            bound = sig.bind(self, *args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{qualname}() {exc}") from None
+        given = dict(bound.arguments)
+        given.pop("self")
+        for p in sig.parameters.values():
+            if p.kind is inspect.Parameter.VAR_KEYWORD:
+                given.update(given.pop(p.name, {}))
+        return impl(self, **given)
+
+    method.__name__ = qualname.rsplit(".", 1)[-1]
+    method.__qualname__ = qualname
+    method.__signature__ = sig
+    return method
+
+
+def dataclass_type(name: str, fields: list[str], defaults: dict[str, Any]) -> type:
+    """A real dataclass with the recorded fields: unknown keywords raise exactly as the library's."""
+    return dataclasses.make_dataclass(
+        name, [(f, Any, dataclasses.field(default=copy.deepcopy(defaults.get(f)))) for f in fields]
+    )
+
+
+def msgspec_type(name: str, fields: list[str], defaults: dict[str, Any]) -> type:
+    """Stands in for a ``msgspec.Struct``: keyword-only, ``__struct_fields__``, msgspec's error text."""
+
+    def __init__(self, **kwargs):
+        for key in kwargs:
+            if key not in fields:
+                raise TypeError(f"Unexpected keyword argument '{key}'")
+        for f in fields:
+            setattr(self, f, copy.deepcopy(kwargs.get(f, defaults.get(f))))
+        post = getattr(self, "__post_init__", None)
+        if post is not None:
+            post()
+
+    return type(name, (), {"__init__": __init__, "__struct_fields__": tuple(fields)})
+
+
+def init_type(name: str, fields: list[str], defaults: dict[str, Any]) -> type:
+    """A plain class whose ``__init__`` takes exactly the recorded keywords (SGLang 0.5.3 SamplingParams)."""
+    sig = signature(
+        {"params": [{"name": f, "kind": "positional_or_keyword", "default": True} for f in fields]}
+    )
+
+    def __init__(self, *args, **kwargs):
+        try:
+            bound = sig.bind(self, *args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{name}.__init__() {exc}") from None
+        for f in fields:
+            setattr(self, f, copy.deepcopy(bound.arguments.get(f, defaults.get(f))))
+
+    __init__.__signature__ = sig
+    return type(name, (), {"__init__": __init__})
+
+
+def struct_type(name: str, spec: dict, defaults: dict[str, Any], post_init=None) -> type:
+    make = {"dataclass": dataclass_type, "msgspec": msgspec_type}.get(spec["kind"], init_type)
+    cls = make(name, spec["fields"], defaults)
+    if post_init is not None:
+        cls.__post_init__ = post_init
+        if spec["kind"] == "init":
+            orig = cls.__init__
+
+            def __init__(self, *a, **kw):
+                orig(self, *a, **kw)
+                post_init(self)
+
+            __init__.__signature__ = orig.__signature__
+            cls.__init__ = __init__
+    return cls
+
+
+# -- generation through the HF engine --------------------------------------------------------------------
+def _hf_sample(hf: HFRolloutEngine, prompt, *, temperature, top_p, top_k, max_tokens, stop, seed, greedy):
+    """One request: token ids up to and including the stop token, and the full logits per step."""
+    assert prompt and all(isinstance(t, int) for t in prompt), "prompts must be plain unpadded token lists"
     ids = torch.tensor([prompt])
-    greedy = temperature == 0.0
-    out = engine.generate(
-        ids,
-        torch.ones_like(ids),
+    kw = dict(
         temperature=1.0 if greedy else temperature,
-        top_p=top_p,
-        top_k=max(top_k, 0),
+        top_p=1.0 if greedy else top_p,
+        top_k=0 if greedy else max(top_k, 0),
         max_new_tokens=max_tokens,
         greedy=greedy,
-        eos_token_id=stop or None,
-        generator=torch.Generator().manual_seed(seed or 0),
+        eos_token_id=list(stop) or None,
     )
+    if "seed" in inspect.signature(hf.generate).parameters:
+        kw["seed"] = seed
+    else:
+        kw["generator"] = torch.Generator().manual_seed(seed)
+    out = hf.generate(ids, torch.ones_like(ids), **kw)
     length = int(out["response_mask"].sum())
-    return out["responses"][0, :length].tolist(), out["rollout_log_probs"][0, :length].tolist()
+    tokens = out["responses"][0, :length].tolist()
+    with torch.no_grad():
+        logits = hf.model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+    return tokens, logits[len(prompt) - 1 : len(prompt) - 1 + len(tokens)]
 
 
-def make_fake_vllm(calls: list, reject_logprobs_mode: bool = False) -> types.ModuleType:
+def _token_log_probs(scores: torch.Tensor, tokens: list[int]) -> list[float]:
+    logp = torch.log_softmax(scores, dim=-1)
+    return [float(logp[t, tok]) for t, tok in enumerate(tokens)]
+
+
+def _random_seed() -> int:
+    return random.SystemRandom().getrandbits(31)
+
+
+def _zero_weights(hf: HFRolloutEngine) -> None:
+    """Memory released without a host copy comes back with whatever the allocator hands out."""
+    with torch.no_grad():
+        for t in list(hf.model.parameters()) + list(hf.model.buffers()):
+            t.zero_()
+
+
+# -- vLLM --------------------------------------------------------------------------------------------------
+def make_fake_vllm(
+    calls: list, version: str = VLLM_VERSIONS[-1], surface: dict | None = None
+) -> types.ModuleType:
+    """A ``vllm`` module of ``version``; every call is appended to ``calls``."""
+    s = surface or load_surface("vllm", version)
+    rel = release(version)
     vllm = types.ModuleType("vllm")
+    vllm.__version__ = version
+
+    EngineArgs = struct_type("EngineArgs", s["EngineArgs"], {"logprobs_mode": "raw_logprobs", "seed": 0})
+
+    def _sp_post_init(self):  # vllm/sampling_params.py __post_init__ / _verify_args
+        if self.top_k is not None and self.top_k < -1:
+            raise ValueError(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
+        if self.temperature < _EPS:  # greedy: truncation off
+            self.top_p, self.top_k = 1.0, 0
+
+    SamplingParams = struct_type(
+        "SamplingParams",
+        s["SamplingParams"],
+        {"n": 1, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_tokens": 16, "stop_token_ids": []},
+        _sp_post_init,
+    )
 
     class Logprob:
         def __init__(self, logprob: float, rank: int | None = None, decoded_token: str | None = None):
             self.logprob, self.rank, self.decoded_token = logprob, rank, decoded_token
-
-    class SamplingParams:
-        def __init__(self, **kwargs):
-            self.__dict__.update(kwargs)
 
     class CompletionOutput:
         def __init__(self, token_ids, logprobs):
@@ -72,95 +252,287 @@ def make_fake_vllm(calls: list, reject_logprobs_mode: bool = False) -> types.Mod
             self.prompt_token_ids, self.outputs = prompt_token_ids, outputs
 
     class Worker:
-        def __init__(self, engine):
-            self.model_runner = types.SimpleNamespace(model=_HFModelWithLoadWeights(engine))
+        def __init__(self, hf):
+            self.model_runner = types.SimpleNamespace(model=_LoadWeights(hf))
 
-    class LLM:
-        def __init__(self, model: str, **kwargs):
-            if reject_logprobs_mode and "logprobs_mode" in kwargs:
-                raise TypeError("EngineArgs.__init__() got an unexpected keyword argument 'logprobs_mode'")
-            calls.append(("LLM", kwargs))
-            self.hf = HFRolloutEngine(model)
-            module, cls = kwargs["worker_extension_cls"].rsplit(".", 1)
-            ext = getattr(importlib.import_module(module), cls)
-            self.worker = type("WorkerWithExtension", (Worker, ext), {})(self.hf)
+    def __init__(self, **given):
+        args = EngineArgs(**given)  # vllm/entrypoints/llm.py: every keyword ends in EngineArgs(...)
+        mode = str(getattr(args.logprobs_mode, "value", args.logprobs_mode))
+        if mode not in s["logprobs_modes"]:
+            raise ValueError(f"logprobs_mode={mode!r} is not one of {s['logprobs_modes']}")
+        attention = getattr(args, "attention_config", None)
+        if isinstance(attention, dict):  # LLM._make_config keeps init fields only (0.33)
+            attention = {k: v for k, v in attention.items() if k in s["AttentionConfig"]["fields"]}
+            backend = attention.get("backend")
+            if backend is not None and backend not in s["attention_backends"]["names"]:
+                raise ValueError(f"Invalid attention backend {backend!r}")
+        calls.append(("LLM", given))
+        self.engine_args, self.logprobs_mode = args, mode
+        self.hf = HFRolloutEngine(given["model"])
+        module, cls = args.worker_extension_cls.rsplit(".", 1)
+        ext = getattr(__import__(module, fromlist=[cls]), cls)
+        self.worker = type("WorkerWithExtension", (Worker, ext), {})(self.hf)
+        self.sleeping: set[str] = set()
+        self.host_copy = None
 
-        def generate(self, prompts, sampling_params, use_tqdm=True):
-            sp = sampling_params
-            calls.append(("generate", [p["prompt_token_ids"] for p in prompts], sp.__dict__))
-            assert sp.logprobs == 0 and sp.n == 1
-            results = []
-            for i, p in enumerate(prompts):
-                toks, lps = _run(
-                    self.hf,
-                    p["prompt_token_ids"],
-                    sp.temperature,
-                    sp.top_p,
-                    sp.top_k,
-                    sp.max_tokens,
-                    sp.stop_token_ids,
-                    (sp.seed or 0) + i,
-                )
-                logprobs = [{t: Logprob(lp, rank=1)} for t, lp in zip(toks, lps, strict=True)]
-                results.append(RequestOutput(p["prompt_token_ids"], [CompletionOutput(toks, logprobs)]))
-            return results
+    def _log_probs(self, logits, tokens, sp, all_greedy):
+        if self.logprobs_mode == "raw_logits":
+            return [float(logits[t, tok]) for t, tok in enumerate(tokens)]
+        if self.logprobs_mode == "raw_logprobs" or all_greedy or rel < (0, 10, 2):
+            return _token_log_probs(logits, tokens)  # before temperature
+        scaled = filter_top_k_top_p(logits / sp.temperature, max(sp.top_k, 0), sp.top_p)
+        return _token_log_probs(scaled, tokens)  # processed: after temperature and truncation
 
-        def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-            calls.append(("collective_rpc", method, len(args[0])))
-            return [getattr(self.worker, method)(*args, **(kwargs or {}))]
+    def generate(self, prompts, sampling_params=None, **_):
+        if self.sleeping:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (engine asleep)")
+        params = (
+            sampling_params if isinstance(sampling_params, list | tuple) else [sampling_params] * len(prompts)
+        )
+        assert len(params) == len(prompts), "vLLM: one SamplingParams for all prompts, or one per prompt"
+        calls.append(("generate", [p["prompt_token_ids"] for p in prompts], [sp.__dict__ for sp in params]))
+        all_greedy = all(sp.temperature < _EPS for sp in params)
+        results = []
+        for p, sp in zip(prompts, params, strict=True):
+            assert sp.n == 1
+            greedy = sp.temperature < _EPS
+            tokens, logits = _hf_sample(
+                self.hf,
+                p["prompt_token_ids"],
+                temperature=sp.temperature,
+                top_p=sp.top_p,
+                top_k=sp.top_k,
+                max_tokens=sp.max_tokens,
+                stop=[] if sp.ignore_eos and not sp.stop_token_ids else sp.stop_token_ids,
+                seed=_random_seed() if sp.seed is None else sp.seed,
+                greedy=greedy,
+            )
+            logprobs = None
+            if sp.logprobs is not None:
+                values = _log_probs(self, logits, tokens, sp, all_greedy)
+                logprobs = [{t: Logprob(v, rank=1)} for t, v in zip(tokens, values, strict=True)]
+            results.append(RequestOutput(p["prompt_token_ids"], [CompletionOutput(tokens, logprobs)]))
+        return results
 
-        def reset_prefix_cache(self):
-            calls.append(("reset_prefix_cache",))
-            return True
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        calls.append(("collective_rpc", method, len(args[0])))
+        if "weights" in self.sleeping:
+            raise RuntimeError("CUDA error: weights are asleep")
+        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
 
-        def sleep(self, level: int = 1):
-            calls.append(("sleep", level))
+    def reset_prefix_cache(self, **_):
+        calls.append(("reset_prefix_cache",))
+        return True
 
-        def wake_up(self, tags=None):
-            calls.append(("wake_up", tags))
+    def sleep(self, level=1, **_):
+        calls.append(("sleep", level))
+        if not self.engine_args.enable_sleep_mode:
+            raise ValueError("Sleep mode is not enabled in the model config")
+        self.host_copy = copy.deepcopy(self.hf.model.state_dict()) if level == 1 else None
+        self.sleeping = {"weights", "kv_cache"}
 
-    vllm.LLM, vllm.SamplingParams, vllm.Logprob = LLM, SamplingParams, Logprob
+    def wake_up(self, tags=None):
+        calls.append(("wake_up", tags))
+        tags = set(tags) if tags is not None else {"weights", "kv_cache"}
+        if "weights" in tags and "weights" in self.sleeping:
+            if self.host_copy is None:
+                _zero_weights(self.hf)  # level 2: discarded
+            else:
+                self.hf.model.load_state_dict(self.host_copy)
+        self.sleeping -= tags
+
+    impls = {
+        "__init__": __init__,
+        "generate": generate,
+        "collective_rpc": collective_rpc,
+        "reset_prefix_cache": reset_prefix_cache,
+        "sleep": sleep,
+        "wake_up": wake_up,
+    }
+    methods = {
+        name: recorded_method(f"LLM.{name}", spec, impls[name]) for name, spec in s["LLM"]["methods"].items()
+    }
+    vllm.LLM = type("LLM", (), methods)
+    vllm.EngineArgs, vllm.SamplingParams, vllm.Logprob = EngineArgs, SamplingParams, Logprob
     return vllm
 
 
-def make_fake_sglang(calls: list) -> types.ModuleType:
+class _LoadWeights:
+    """Stands in for a vLLM model: ``load_weights(weights) -> set of loaded names``."""
+
+    def __init__(self, hf: HFRolloutEngine):
+        self.hf = hf
+
+    def load_weights(self, weights):
+        weights = list(weights)
+        self.hf.update_weights(weights)
+        return {name for name, _ in weights}
+
+
+# -- SGLang ------------------------------------------------------------------------------------------------
+def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: dict | None = None) -> dict:
+    """``{module name: module}`` for ``sglang`` of ``version`` (put every one into sys.modules)."""
+    s = surface or load_surface("sglang", version)
+    rel = release(version)
     sglang = types.ModuleType("sglang")
+    sglang.__version__ = version
+    server_args_mod = types.ModuleType("sglang.srt.server_args")
+    sampling_mod = types.ModuleType("sglang.srt.sampling.sampling_params")
+    ServerArgs = struct_type("ServerArgs", s["ServerArgs"], {"random_seed": None})
 
-    class Engine:
-        def __init__(self, **kwargs):
-            calls.append(("Engine", kwargs))
-            self.hf = HFRolloutEngine(kwargs["model_path"])
+    def _sp_post_init(self):  # sglang/srt/sampling/sampling_params.py
+        if 0 <= self.temperature < _EPS:  # greedy
+            self.temperature, self.top_k = 1.0, 1
 
-        def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, **kw):
-            sp = sampling_params
-            calls.append(("generate", input_ids, dict(sp)))
-            assert return_logprob
-            out = []
-            for i, ids in enumerate(input_ids):
-                toks, lps = _run(
-                    self.hf,
-                    ids,
-                    sp["temperature"],
-                    sp["top_p"],
-                    sp["top_k"],
-                    sp["max_new_tokens"],
-                    sp["stop_token_ids"],
-                    sp.get("sampling_seed", 0) + i,
-                )
-                meta = {"output_token_logprobs": [(lp, t, None) for t, lp in zip(toks, lps, strict=True)]}
-                out.append({"text": "", "output_ids": toks, "meta_info": meta})
-            return out
+    SamplingParams = struct_type(
+        "SamplingParams",
+        s["SamplingParams"],
+        {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 128, "ignore_eos": False},
+        _sp_post_init,
+    )
+    env_original = "RETURN_ORIGINAL_LOGPROB" if rel < (0, 5, 10) else "SGLANG_RETURN_ORIGINAL_LOGPROB"
+    has_session = "begin_weight_update" in s["Engine"]["methods"]
 
-        def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
-            calls.append(("update_weights_from_tensor", len(named_tensors), flush_cache))
-            self.hf.update_weights(named_tensors)
-            return True, "Succeeded to update model weights."
+    def __init__(self, **kwargs):
+        self.server_args = ServerArgs(**kwargs)  # sglang/srt/entrypoints/engine.py: ServerArgs(**kwargs)
+        calls.append(("Engine", kwargs))
+        self.hf = HFRolloutEngine(kwargs["model_path"])
+        self.released: set[str] = set()
+        self.host_copy = None
+        self.session_open = False
 
-        def release_memory_occupation(self, tags=None):
-            calls.append(("release_memory_occupation", tags))
+    def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, **_):
+        if self.released:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (memory released)")
+        dicts = (
+            sampling_params if isinstance(sampling_params, list) else [sampling_params or {}] * len(input_ids)
+        )
+        params = [SamplingParams(**d) for d in dicts]  # tokenizer_manager: SamplingParams(**sampling_kwargs)
+        calls.append(("generate", input_ids, [dict(d) for d in dicts], return_logprob))
+        deterministic = bool(getattr(self.server_args, "enable_deterministic_inference", False))
+        all_greedy = all(sp.top_k == 1 for sp in params)
+        raw = os.environ.get(env_original, "").lower() in ("1", "true")
+        out = []
+        for ids, sp in zip(input_ids, params, strict=True):
+            seed = getattr(sp, "sampling_seed", None)
+            seed = (42 if seed is None else seed) if deterministic else _random_seed()
+            tokens, logits = _hf_sample(
+                self.hf,
+                ids,
+                temperature=sp.temperature,
+                top_p=sp.top_p,
+                top_k=sp.top_k,
+                max_tokens=sp.max_new_tokens,
+                stop=[] if sp.ignore_eos else sorted(sp.stop_token_ids or []),
+                seed=seed,
+                greedy=sp.top_k == 1,
+            )
+            meta = {"completion_tokens": len(tokens)}
+            if return_logprob:
+                scores = logits if (all_greedy or raw) else logits / sp.temperature
+                values = _token_log_probs(scores, tokens)
+                meta["output_token_logprobs"] = [(v, t, None) for t, v in zip(tokens, values, strict=True)]
+            out.append({"text": "", "output_ids": tokens, "meta_info": meta})
+        return out
 
-        def resume_memory_occupation(self, tags=None):
-            calls.append(("resume_memory_occupation", tags))
+    def begin_weight_update(self, selector="all"):
+        calls.append(("begin_weight_update",))
+        if self.session_open:
+            return False, "a weight-update session is already open; call end_weight_update() first"
+        self.session_open = True
+        return True, "Success"
 
-    sglang.Engine = Engine
-    return sglang
+    def end_weight_update(self):
+        calls.append(("end_weight_update",))
+        if not self.session_open:
+            return False, "no weight-update session is open; call begin_weight_update() first"
+        self.session_open = False
+        return True, "Success"
+
+    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
+        calls.append(("update_weights_from_tensor", len(named_tensors), flush_cache))
+        if has_session and not self.session_open:
+            return (
+                False,
+                "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()",
+            )
+        if "weights" in self.released:
+            raise RuntimeError("CUDA error: weights are released")
+        self.hf.update_weights(named_tensors)
+        return True, "Success"
+
+    def release_memory_occupation(self, tags=None):
+        calls.append(("release_memory_occupation", tags))
+        assert self.server_args.enable_memory_saver, "release_memory_occupation needs enable_memory_saver"
+        tags = set(tags) if tags is not None else {"weights", "kv_cache"}
+        if "weights" in tags:
+            backup = getattr(self.server_args, "enable_weights_cpu_backup", False)
+            self.host_copy = copy.deepcopy(self.hf.model.state_dict()) if backup else None
+        self.released |= tags
+
+    def resume_memory_occupation(self, tags=None):
+        calls.append(("resume_memory_occupation", tags))
+        tags = set(tags) if tags is not None else {"weights", "kv_cache"}
+        for tag in tags:
+            if tag not in self.released:
+                raise KeyError(tag)  # torch_memory_saver: resuming what is not paused
+        if "weights" in tags:
+            if self.host_copy is None:
+                _zero_weights(self.hf)
+            else:
+                self.hf.model.load_state_dict(self.host_copy)
+        self.released -= tags
+
+    def flush_cache(self):
+        return True
+
+    def shutdown(self):
+        pass
+
+    impls = {
+        "__init__": __init__,
+        "generate": generate,
+        "begin_weight_update": begin_weight_update,
+        "end_weight_update": end_weight_update,
+        "update_weights_from_tensor": update_weights_from_tensor,
+        "release_memory_occupation": release_memory_occupation,
+        "resume_memory_occupation": resume_memory_occupation,
+        "flush_cache": flush_cache,
+        "shutdown": shutdown,
+    }
+    methods = {
+        name: recorded_method(f"Engine.{name}", spec, impls[name])
+        for name, spec in s["Engine"]["methods"].items()
+    }
+    sglang.Engine = type("Engine", (), methods)
+    server_args_mod.ServerArgs = ServerArgs
+    sampling_mod.SamplingParams = SamplingParams
+    srt = types.ModuleType("sglang.srt")
+    sampling_pkg = types.ModuleType("sglang.srt.sampling")
+    sglang.srt, srt.server_args, srt.sampling, sampling_pkg.sampling_params = (
+        srt,
+        server_args_mod,
+        sampling_pkg,
+        sampling_mod,
+    )
+    return {
+        "sglang": sglang,
+        "sglang.srt": srt,
+        "sglang.srt.server_args": server_args_mod,
+        "sglang.srt.sampling": sampling_pkg,
+        "sglang.srt.sampling.sampling_params": sampling_mod,
+    }
+
+
+def install(
+    monkeypatch, tmp_path: Path, package: str, version: str, calls: list, surface: dict | None = None
+):
+    """Put the fake ``package==version`` into ``sys.modules`` with its dist metadata on ``sys.path``."""
+    root = tmp_path / f"site-{package}-{version}"
+    install_dist(root, package, version)
+    monkeypatch.syspath_prepend(str(root))
+    if package == "vllm":
+        monkeypatch.setitem(sys.modules, "vllm", make_fake_vllm(calls, version, surface))
+    else:
+        for name, module in make_fake_sglang(calls, version, surface).items():
+            monkeypatch.setitem(sys.modules, name, module)

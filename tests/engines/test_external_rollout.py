@@ -1,7 +1,8 @@
-"""vLLM and SGLang adapters against fakes of their APIs (the real engines cannot run here)."""
+"""vLLM and SGLang adapters against fakes built from the recorded surfaces of the floor and newest releases."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -11,15 +12,19 @@ from hypothesis import strategies as st
 
 from rlctl.engines.fsdp_train import FSDPTrainEngine
 from rlctl.engines.registry import get_engine
-from rlctl.engines.rollout_batch import assemble_rollout, unpadded_prompts
+from rlctl.engines.rollout_batch import assemble_rollout, row_seeds, unpadded_prompts
 from rlctl.engines.sglang_rollout import SGLangRolloutEngine
 from rlctl.engines.vllm_rollout import VLLMRolloutEngine
 from rlctl.errors import RunError, UserError
-from tests.engines.fakes import make_fake_sglang, make_fake_vllm
+from tests.engines.fakes import SGLANG_VERSIONS, VLLM_VERSIONS, install, load_surface
 from tests.engines.helpers import EOS, PAD, make_batch, make_model
 
 torch.set_num_threads(1)
 STOPS = [EOS, *range(5, 16)]
+CONTRACT = dict(device="cuda", dtype="float32", attn_implementation="sdpa", trust_remote_code=False)
+VERSIONS = [("vllm", v) for v in VLLM_VERSIONS] + [("sglang", v) for v in SGLANG_VERSIONS]
+IDS = [f"{p}-{v}" for p, v in VERSIONS]
+ENGINES = {"vllm": VLLMRolloutEngine, "sglang": SGLangRolloutEngine}
 
 
 @pytest.fixture(scope="module")
@@ -28,108 +33,353 @@ def models(tmp_path_factory):
     return make_model(base / "a", seed=1), make_model(base / "b", seed=2)
 
 
-@pytest.fixture(params=["vllm", "sglang"])
-def adapter(request, models, monkeypatch):
+def build(monkeypatch, tmp_path, models, package, version, surface=None, **kw):
     calls: list = []
-    if request.param == "vllm":
-        monkeypatch.setitem(sys.modules, "vllm", make_fake_vllm(calls))
-        engine = VLLMRolloutEngine(str(models[0]), bucket_bytes=4096)
-    else:
-        monkeypatch.setitem(sys.modules, "sglang", make_fake_sglang(calls))
-        engine = SGLangRolloutEngine(str(models[0]), bucket_bytes=4096)
-    return request.param, engine, calls
+    install(monkeypatch, tmp_path, package, version, calls, surface)
+    engine = ENGINES[package](str(models[0]), bucket_bytes=4096, **{**CONTRACT, **kw})
+    return engine, calls
 
 
-def _gen(engine, **kw):
+@pytest.fixture(params=VERSIONS, ids=IDS)
+def adapter(request, models, monkeypatch, tmp_path):
+    package, version = request.param
+    engine, calls = build(monkeypatch, tmp_path, models, package, version)
+    return package, version, engine, calls
+
+
+def _gen(engine, n=2, **kw):
     b = make_batch(3, prompt_len=6, resp_len=1, seed=0)
     kw.setdefault("temperature", 0.7)
+    kw.setdefault("top_p", 1.0)
+    kw.setdefault("top_k", 0)
+    kw.setdefault("seed", 1)
     return engine.generate(
         b["input_ids"][:, :6],
         b["attention_mask"][:, :6],
-        n=2,
+        n=n,
         max_new_tokens=8,
         eos_token_id=STOPS,
         pad_token_id=PAD,
-        generator=torch.Generator().manual_seed(1),
         **kw,
     )
 
 
-def test_registered_for_cuda():
+def _reference(model_path, out, temperature):
+    """rlctl's convention, recomputed by the training engine: log_softmax(logits / T), untruncated."""
+    return FSDPTrainEngine(model_path).compute_log_prob(out, temperature=temperature)["log_probs"]
+
+
+# -- construction: only keywords the version has -------------------------------------------------------
+def test_registered_for_cuda_and_npu():
     assert get_engine("rollout", "qwen2", "vllm", "cuda") is VLLMRolloutEngine
+    assert get_engine("rollout", "qwen2", "vllm", "npu") is VLLMRolloutEngine  # vllm-ascend plugin
     assert get_engine("rollout", "qwen2", "sglang", "cuda") is SGLangRolloutEngine
 
 
-def test_generate_unpads_prompts_and_returns_the_batch_convention(adapter, models):
-    name, engine, calls = adapter
-    out = _gen(engine)
-    prompts = calls[-1][1]
-    b = make_batch(3, prompt_len=6, resp_len=1, seed=0)
-    lens = b["attention_mask"][:, :6].sum(-1).tolist()
-    assert [len(p) for p in prompts] == [n for n in lens for _ in range(2)]
-    assert torch.equal(out["prompts"], b["input_ids"][:, :6].repeat_interleave(2, 0))
-    assert out["responses"].shape == (6, 8)
-    mask = out["response_mask"].bool()
-    assert 0 < mask.sum() < mask.numel()
-    assert torch.all(out["responses"][~mask] == PAD)
-    recomputed = FSDPTrainEngine(models[0]).compute_log_prob(out, temperature=0.7)["log_probs"]
-    assert torch.allclose(recomputed[mask], out["rollout_log_probs"][mask], atol=1e-5, rtol=0)
-    params = calls[-1][2]
-    if name == "vllm":
-        assert params["max_tokens"] == 8 and params["stop_token_ids"] == STOPS and params["top_k"] == -1
-        assert calls[0][1]["enable_sleep_mode"] and calls[0][1]["logprobs_mode"] == "processed_logprobs"
-    else:
-        assert params["max_new_tokens"] == 8 and params["stop_token_ids"] == STOPS and params["top_k"] == -1
-        assert calls[0][1]["enable_memory_saver"]
-
-
-def test_greedy_sets_temperature_zero(adapter):
-    _, engine, calls = adapter
-    _gen(engine, greedy=True)
-    assert calls[-1][2]["temperature"] == 0.0
-
-
-def test_update_weights_in_buckets_then_generation_uses_them(adapter, models):
-    name, engine, calls = adapter
-    new = FSDPTrainEngine(models[1])
-    engine.sleep()
-    with pytest.raises(RunError, match="asleep"):
-        _gen(engine)
-    count = engine.update_weights(new.export_weights("full"))
-    engine.wake()
-    assert count == len(list(new.model.parameters()))
-    out = _gen(engine)
-    mask = out["response_mask"].bool()
-    lp = new.compute_log_prob(out, temperature=0.7)["log_probs"]
-    assert torch.allclose(lp[mask], out["rollout_log_probs"][mask], atol=1e-5, rtol=0)
-    kinds = [c[0] for c in calls]
-    if name == "vllm":
-        assert kinds.count("collective_rpc") > 1  # several buckets of <= 4 KiB
-        assert ("wake_up", ["weights"]) in calls and ("wake_up", ["kv_cache"]) in calls
-        assert kinds.index("reset_prefix_cache") > max(
-            i for i, k in enumerate(kinds) if k == "collective_rpc"
-        )
-    else:
-        updates = [c for c in calls if c[0] == "update_weights_from_tensor"]
-        assert len(updates) > 1 and [u[2] for u in updates] == [False] * (len(updates) - 1) + [True]
-        assert ("resume_memory_occupation", ["weights"]) in calls
-        assert ("resume_memory_occupation", ["kv_cache"]) in calls
-
-
-def test_vllm_without_logprobs_mode_falls_back(models, monkeypatch):
+@pytest.mark.parametrize(("package", "version"), VERSIONS, ids=IDS)
+def test_old_adapter_keywords_raise_like_the_real_library(package, version, models, monkeypatch, tmp_path):
+    """The trainer's attn_implementation forwarded verbatim (the old adapters) fails on every release."""
     calls: list = []
-    monkeypatch.setitem(sys.modules, "vllm", make_fake_vllm(calls, reject_logprobs_mode=True))
-    VLLMRolloutEngine(str(models[0]))
-    assert "logprobs_mode" not in calls[0][1]
+    install(monkeypatch, tmp_path, package, version, calls)
+    if package == "vllm":
+        with pytest.raises(TypeError, match=r"^EngineArgs\.__init__\(\) got an unexpected keyword argument "):
+            sys.modules["vllm"].LLM(model=str(models[0]), attn_implementation="sdpa")
+    else:
+        kind = load_surface("sglang", version)["ServerArgs"]["kind"]
+        msg = r"^Unexpected keyword argument" if kind == "msgspec" else r"^ServerArgs\.__init__\(\) got an"
+        with pytest.raises(TypeError, match=msg):
+            sys.modules["sglang"].Engine(model_path=str(models[0]), attn_implementation="sdpa")
+    assert calls == []
+
+
+@pytest.mark.parametrize(("package", "version"), VERSIONS, ids=IDS)
+@pytest.mark.parametrize("attn", ["sdpa", "flash_attention_2", "eager"])
+def test_constructs_with_only_recorded_keywords(package, version, attn, models, monkeypatch, tmp_path):
+    _, calls = build(monkeypatch, tmp_path, models, package, version, attn_implementation=attn)
+    surface = load_surface(package, version)
+    passed = calls[0][1]
+    if package == "vllm":
+        fields = set(surface["EngineArgs"]["fields"])
+        assert set(passed) <= fields
+        assert passed["enable_sleep_mode"] and passed["logprobs_mode"] == "processed_logprobs"
+        assert passed["gpu_memory_utilization"] == 0.5 and passed["tensor_parallel_size"] == 1
+        has_config = "attention_config" in fields
+        assert ("attention_config" in passed) == (has_config and attn == "flash_attention_2")
+        if "attention_config" in passed:
+            assert passed["attention_config"] == {"backend": "FLASH_ATTN"}
+    else:
+        assert set(passed) <= set(surface["ServerArgs"]["fields"])
+        assert passed["enable_memory_saver"] and passed["enable_weights_cpu_backup"]
+        assert passed["mem_fraction_static"] == 0.5 and passed["tp_size"] == 1
+        assert passed.get("attention_backend") == ("fa3" if attn == "flash_attention_2" else None)
+        assert "fa3" in surface["attention_backends"]
+
+
+def test_attention_config_is_refused_by_the_floor(models, monkeypatch, tmp_path):
+    """vLLM 0.10.2 has no attention_config: passing it (as for 0.33) would fail construction."""
+    install(monkeypatch, tmp_path, "vllm", "0.10.2", [])
+    with pytest.raises(TypeError, match="unexpected keyword argument 'attention_config'"):
+        sys.modules["vllm"].LLM(model=str(models[0]), attention_config={"backend": "FLASH_ATTN"})
+
+
+@pytest.mark.parametrize("package", ["vllm", "sglang"])
+def test_tensor_parallel_is_refused(package, models, monkeypatch, tmp_path):
+    version = VLLM_VERSIONS[-1] if package == "vllm" else SGLANG_VERSIONS[-1]
+    with pytest.raises(UserError, match=r"^rollout\.tensor_parallel=2: .*not supported yet"):
+        build(monkeypatch, tmp_path, models, package, version, tensor_parallel_size=2)
 
 
 def test_missing_package_is_a_user_error(monkeypatch, models):
     monkeypatch.setitem(sys.modules, "vllm", None)
     monkeypatch.setitem(sys.modules, "sglang", None)
     with pytest.raises(UserError, match="vllm"):
-        VLLMRolloutEngine(str(models[0]))
+        VLLMRolloutEngine(str(models[0]), **CONTRACT)
     with pytest.raises(UserError, match="sglang"):
-        SGLangRolloutEngine(str(models[0]))
+        SGLangRolloutEngine(str(models[0]), **CONTRACT)
+
+
+# -- generation -----------------------------------------------------------------------------------------
+def test_generate_unpads_prompts_and_returns_the_batch_convention(adapter, models):
+    package, _, engine, calls = adapter
+    out = _gen(engine)
+    prompts = calls[-1][1]
+    b = make_batch(3, prompt_len=6, resp_len=1, seed=0)
+    lens = b["attention_mask"][:, :6].sum(-1).tolist()
+    assert [len(p) for p in prompts] == [n for n in lens for _ in range(2)]
+    assert torch.equal(out["prompts"], b["input_ids"][:, :6].repeat_interleave(2, 0))
+    assert out["responses"].shape == (6, 8) and out["responses"].device.type == "cpu"
+    mask = out["response_mask"].bool()
+    assert 0 < mask.sum() < mask.numel()
+    assert torch.all(out["responses"][~mask] == PAD)
+    params = calls[-1][2]
+    assert (
+        len(params) == 6 and len({p["seed" if package == "vllm" else "sampling_seed"] for p in params}) == 6
+    )
+    key = "max_tokens" if package == "vllm" else "max_new_tokens"
+    assert all(p[key] == 8 and list(p["stop_token_ids"]) == STOPS for p in params)
+
+
+SETTINGS = [
+    dict(temperature=0.7, top_p=1.0, top_k=0),
+    dict(temperature=1.0, top_p=0.8, top_k=0),
+    dict(temperature=0.7, top_p=1.0, top_k=5),
+    dict(temperature=1.0, top_p=1.0, top_k=0, greedy=True),
+    dict(temperature=0.7, top_p=1.0, top_k=0, greedy=True),
+]
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
+def test_log_probs_are_rlctls_convention_or_absent(adapter, models, settings):
+    package, version, engine, _ = adapter
+    gap = engine.log_prob_gap(**settings)
+    out = _gen(engine, **settings)
+    if gap is not None:
+        assert "rollout_log_probs" not in out, gap
+        return
+    mask = out["response_mask"].bool()
+    ref = _reference(models[0], out, settings["temperature"])
+    assert torch.allclose(ref[mask], out["rollout_log_probs"][mask], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("package", "version"), VERSIONS, ids=IDS)
+def test_log_prob_gap_per_engine(package, version, models, monkeypatch, tmp_path):
+    engine, _ = build(monkeypatch, tmp_path, models, package, version)
+    assert engine.log_prob_gap(temperature=0.7, top_p=1.0, top_k=0) is None
+    assert engine.log_prob_gap(temperature=1.0, top_p=1.0, top_k=0, greedy=True) is None
+    assert "temperature" in engine.log_prob_gap(temperature=0.6, top_p=1.0, top_k=0, greedy=True)
+    truncated = engine.log_prob_gap(temperature=1.0, top_p=0.9, top_k=20)
+    if package == "vllm":  # processed log-probs are renormalised over the nucleus
+        assert "top-k/top-p" in truncated
+    else:  # SGLang reports log_softmax(logits / T) before truncation
+        assert truncated is None
+        monkeypatch.setenv("SGLANG_RETURN_ORIGINAL_LOGPROB", "1")
+        assert "RETURN_ORIGINAL_LOGPROB" in engine.log_prob_gap(temperature=0.7, top_p=1.0, top_k=0)
+
+
+@pytest.mark.parametrize("version", VLLM_VERSIONS)
+def test_fake_vllm_truncated_log_probs_differ_from_the_convention(version, models, monkeypatch, tmp_path):
+    """Why the adapter drops them: vLLM's processed log-probs under top-p are not log_softmax(logits/T)."""
+    engine, _ = build(monkeypatch, tmp_path, models, "vllm", version)
+    prompt = [3, 4, 5, 6]
+    params = sys.modules["vllm"].SamplingParams(temperature=1.0, top_p=0.5, max_tokens=6, logprobs=0, seed=3)
+    (req,) = engine.llm.generate([{"prompt_token_ids": prompt}], params)
+    tokens = list(req.outputs[0].token_ids)
+    got = torch.tensor([step[t].logprob for step, t in zip(req.outputs[0].logprobs, tokens, strict=True)])
+    with torch.no_grad():
+        logits = engine.llm.hf.model(input_ids=torch.tensor([prompt + tokens])).logits[0, 3 : 3 + len(tokens)]
+    ref = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
+    assert torch.all(got >= ref - 1e-6) and not torch.allclose(got, ref, atol=1e-4)
+
+
+@pytest.mark.parametrize(("package", "version"), VERSIONS, ids=IDS)
+def test_a_groups_samples_differ_and_reproduce_with_the_seed(package, version, models, monkeypatch, tmp_path):
+    extra = {"enable_deterministic_inference": True} if package == "sglang" else {}
+    engine, _ = build(monkeypatch, tmp_path, models, package, version, **extra)
+    prompt = torch.tensor([[7, 8, 9, 10]])
+    kw = dict(n=6, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=6, eos_token_id=None, pad_token_id=PAD)
+    first = engine.generate(prompt, torch.ones_like(prompt), seed=11, **kw)["responses"]
+    assert len({tuple(r.tolist()) for r in first}) > 1  # a group whose copies agree has zero advantages
+    again = engine.generate(prompt, torch.ones_like(prompt), seed=11, **kw)["responses"]
+    other = engine.generate(prompt, torch.ones_like(prompt), seed=12, **kw)["responses"]
+    assert torch.equal(first, again) and not torch.equal(first, other)
+
+
+@pytest.mark.parametrize("version", VLLM_VERSIONS)
+def test_one_shared_seed_makes_identical_copies(version, models, monkeypatch, tmp_path):
+    """The real engines' behaviour the old adapters hit: one SamplingParams seed for every request."""
+    engine, _ = build(monkeypatch, tmp_path, models, "vllm", version)
+    shared = sys.modules["vllm"].SamplingParams(temperature=1.0, max_tokens=6, seed=5)
+    outs = engine.llm.generate([{"prompt_token_ids": [7, 8, 9]}] * 4, shared)
+    assert len({tuple(o.outputs[0].token_ids) for o in outs}) == 1
+
+
+def test_sglang_ignores_the_seed_without_deterministic_inference(models, monkeypatch, tmp_path):
+    engine, _ = build(monkeypatch, tmp_path, models, "sglang", SGLANG_VERSIONS[-1])
+    prompt = torch.tensor([[7, 8, 9, 10]])
+    kw = dict(n=8, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8, eos_token_id=None, seed=11)
+    runs = {
+        tuple(engine.generate(prompt, torch.ones_like(prompt), **kw)["responses"].view(-1).tolist())
+        for _ in "ab"
+    }
+    assert len(runs) == 2  # copies differ, but a rerun does not repeat them
+
+
+@pytest.mark.parametrize(("package", "version"), VERSIONS, ids=IDS)
+def test_unknown_sampling_key_raises(package, version, models, monkeypatch, tmp_path):
+    engine, _ = build(monkeypatch, tmp_path, models, package, version)
+    if package == "vllm":
+        with pytest.raises(TypeError, match="^Unexpected keyword argument 'max_new_tokens'"):
+            sys.modules["vllm"].SamplingParams(max_new_tokens=4)
+    else:
+        with pytest.raises(TypeError, match="keyword argument 'max_tokens'"):
+            engine.engine.generate(input_ids=[[3, 4]], sampling_params={"max_tokens": 4})
+
+
+def test_sglang_before_sampling_seed_rejects_it(models, monkeypatch, tmp_path):
+    """SGLang 0.5.2 and older have no sampling_seed: the adapter leaves it out rather than fail."""
+    surface = load_surface("sglang", "0.5.3")
+    surface["SamplingParams"]["fields"].remove("sampling_seed")
+    engine, calls = build(monkeypatch, tmp_path, models, "sglang", "0.5.3", surface=surface)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sampling_seed'"):
+        engine.engine.generate(input_ids=[[3, 4]], sampling_params={"sampling_seed": 1})
+    _gen(engine)
+    assert all("sampling_seed" not in p for p in calls[-1][2])
+
+
+# -- weights and memory ---------------------------------------------------------------------------------
+def test_update_weights_in_buckets_then_generation_uses_them(adapter, models):
+    package, version, engine, calls = adapter
+    new = FSDPTrainEngine(models[1])
+    engine.sleep()
+    with pytest.raises(RunError, match="asleep"):
+        _gen(engine)
+    engine.wake()  # the worker's order: wake, then sync the weights
+    count = engine.update_weights(new.export_weights("full"))
+    assert count == len(list(new.model.parameters()))
+    out = _gen(engine)
+    mask = out["response_mask"].bool()
+    lp = new.compute_log_prob(out, temperature=0.7)["log_probs"]
+    assert torch.allclose(lp[mask], out["rollout_log_probs"][mask], atol=1e-5, rtol=0)
+    kinds = [c[0] for c in calls]
+    if package == "vllm":
+        assert kinds.count("collective_rpc") > 1  # several buckets of <= 4 KiB
+        assert ("sleep", 1) in calls and ("wake_up", ["kv_cache", "weights"]) in calls
+        assert kinds.index("reset_prefix_cache") > max(
+            i for i, k in enumerate(kinds) if k == "collective_rpc"
+        )
+    else:
+        updates = [c for c in calls if c[0] == "update_weights_from_tensor"]
+        assert len(updates) > 1 and [u[2] for u in updates] == [False] * (len(updates) - 1) + [True]
+        assert ("release_memory_occupation", ["kv_cache", "weights"]) in calls
+        session = "begin_weight_update" in load_surface("sglang", version)["Engine"]["methods"]
+        if session:
+            first, last = (
+                kinds.index("update_weights_from_tensor"),
+                len(kinds) - 1 - kinds[::-1].index("update_weights_from_tensor"),
+            )
+            assert kinds.index("begin_weight_update") < first < last < kinds.index("end_weight_update")
+        else:
+            assert "begin_weight_update" not in kinds
+
+
+def test_update_while_asleep_wakes_the_weights_first(adapter, models):
+    package, _, engine, calls = adapter
+    engine.sleep()
+    engine.update_weights(FSDPTrainEngine(models[1]).export_weights("full"))
+    engine.wake()
+    _gen(engine)
+    if package == "vllm":
+        assert ("wake_up", ["weights"]) in calls and ("wake_up", ["kv_cache"]) in calls
+    else:
+        assert ("resume_memory_occupation", ["weights"]) in calls
+        assert ("resume_memory_occupation", ["kv_cache"]) in calls
+
+
+def test_sglang_update_outside_a_session_fails_on_the_newest(models, monkeypatch, tmp_path):
+    engine, _ = build(monkeypatch, tmp_path, models, "sglang", SGLANG_VERSIONS[-1])
+    ok, message = engine.engine.update_weights_from_tensor(named_tensors=[])
+    assert ok is False and "begin_weight_update" in message  # the old adapter ignored this
+    with pytest.raises(AttributeError):
+        build(monkeypatch, tmp_path, models, "sglang", SGLANG_VERSIONS[0])[0].engine.begin_weight_update()
+
+
+@pytest.mark.parametrize("version", SGLANG_VERSIONS)
+def test_sglang_failed_update_raises_and_closes_the_session(version, models, monkeypatch, tmp_path):
+    engine, calls = build(monkeypatch, tmp_path, models, "sglang", version)
+    monkeypatch.setattr(
+        engine.engine, "update_weights_from_tensor", lambda **kw: (False, "Failed to update weights: shape")
+    )
+    with pytest.raises(RunError, match="update_weights_from_tensor failed: Failed to update weights: shape"):
+        engine.update_weights(FSDPTrainEngine(models[1]).export_weights("full"))
+    if "begin_weight_update" in load_surface("sglang", version)["Engine"]["methods"]:
+        assert [c[0] for c in calls][-2:] == ["begin_weight_update", "end_weight_update"]
+        assert engine.engine.session_open is False
+
+
+def test_sglang_without_cpu_backup_keeps_the_weights_resident(models, monkeypatch, tmp_path):
+    """Released weights come back as garbage without a CPU copy; the adapter then releases only the KV cache."""
+    surface = load_surface("sglang", "0.5.3")
+    surface["ServerArgs"]["fields"].remove("enable_weights_cpu_backup")
+    engine, calls = build(monkeypatch, tmp_path, models, "sglang", "0.5.3", surface=surface)
+    before = _gen(engine, greedy=True)
+    engine.sleep()
+    engine.wake()
+    assert ("release_memory_occupation", ["kv_cache"]) in calls
+    assert torch.equal(_gen(engine, greedy=True)["responses"], before["responses"])
+    raw = engine.engine  # what the real library does when asked to release the weights anyway
+    raw.release_memory_occupation(tags=["weights"])
+    raw.resume_memory_occupation(tags=["weights"])
+    assert all(float(p.abs().sum()) == 0 for p in raw.hf.model.parameters())
+    with pytest.raises(KeyError):
+        raw.resume_memory_occupation(tags=["weights"])
+
+
+def test_vllm_wake_up_without_tags(models, monkeypatch, tmp_path):
+    """vLLM 0.8.2's wake_up() takes no tags: the adapter wakes everything at once there."""
+    surface = load_surface("vllm", VLLM_VERSIONS[0])
+    surface["LLM"]["methods"]["wake_up"] = {"params": []}
+    engine, calls = build(monkeypatch, tmp_path, models, "vllm", VLLM_VERSIONS[0], surface=surface)
+    with pytest.raises(TypeError, match=r"^LLM\.wake_up\(\) got an unexpected keyword argument 'tags'"):
+        engine.llm.wake_up(tags=["weights"])
+    engine.sleep()
+    engine.update_weights(FSDPTrainEngine(models[1]).export_weights("full"))
+    engine.wake()
+    assert ("wake_up", None) in calls and engine.asleep_tags == set()
+    _gen(engine)
+
+
+def test_surfaces_are_small_and_name_their_wheel():
+    for package, version in VERSIONS:
+        path = load_surface(package, version)
+        assert path["version"] == version and path["wheel"].startswith(f"{package}-{version}-")
+        assert len(json.dumps(path)) < 40_000
+
+
+# -- batch helpers --------------------------------------------------------------------------------------
+def test_row_seeds_are_distinct_and_stable():
+    seeds = row_seeds(7, 64)
+    assert len(set(seeds)) == 64 and seeds == row_seeds(7, 64) and seeds != row_seeds(8, 64)
+    assert all(0 <= s < 2**31 for s in seeds) and row_seeds(None, 3) == [None] * 3
 
 
 def test_assemble_rollout_checks_row_count():
@@ -164,3 +414,6 @@ def test_assemble_rollout_pads_and_masks_any_lengths(lens, max_new):
         assert torch.all(out["responses"][i, k:] == 0) and torch.all(out["rollout_log_probs"][i, k:] == 0)
     assert torch.equal(out["position_ids"], (out["attention_mask"].cumsum(-1) - 1).clamp(min=0))
     assert [len(p) for p in unpadded_prompts(prompts, pmask, 2)] == [2] * (2 * len(lens))
+    assert "rollout_log_probs" not in assemble_rollout(
+        prompts, pmask, responses, None, n=n, max_new_tokens=max_new, pad_token_id=0
+    )

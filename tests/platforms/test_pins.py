@@ -31,7 +31,7 @@ def test_shipped_pins_have_source_symptom_fix():
         "vllm-min", "vllm-torch", "vllm-transformers", "sglang-torch", "sglang-transformers", "transformers-5.6.0",
         "ray-min", "torch-cuda-driver", "rocm-vllm-min", "rocm-arch-min", "torch-npu-base", "vllm-ascend-vllm",
         "vllm-ascend-matrix", "nccl-cumem", "rocr-visible-devices", "vllm-cuda-wheel-on-rocm", "amdsmi-without-rocm",
-        "flash-attn-abi",
+        "flash-attn-abi", "sglang-min", "vllm-rocm-sleep-min",
     }  # fmt: skip
     assert required <= set(PINS)
     assert PINS["rocm-arch-min"].params["arch_min"]["gfx950"] == "7.0"
@@ -58,13 +58,25 @@ def test_bad_pin_files_are_user_errors(text, match):
         parse_pins(text, "x.toml")
 
 
-def test_vllm_073_fails_with_oom_symptom(tmp_path):
-    make_dist(tmp_path, "vllm", "0.7.3")
-    out = evaluate_pin(PINS["vllm-min"], facts(tmp_path))
-    assert out.status == "violated" and "0.7.3" in out.reason and "OOM" in out.reason
-    make_dist(tmp_path / "new", "vllm", "0.8.2")
+def test_vllm_floor_is_the_oldest_surface_the_adapter_drives(tmp_path):
+    for v in ("0.7.3", "0.8.2", "0.10.1.1"):
+        make_dist(tmp_path / v, "vllm", v)
+        out = evaluate_pin(PINS["vllm-min"], facts(tmp_path / v))
+        assert out.status == "violated" and v in out.reason and "temperature" in out.reason
+    make_dist(tmp_path / "new", "vllm", "0.10.2")
     assert evaluate_pin(PINS["vllm-min"], facts(tmp_path / "new")).status == "ok"
     assert evaluate_pin(PINS["vllm-min"], facts(tmp_path / "none")).status == "n/a"
+
+
+def test_sglang_floor_and_rocm_sleep_floor(tmp_path):
+    make_dist(tmp_path / "old", "sglang", "0.5.2")
+    out = evaluate_pin(PINS["sglang-min"], facts(tmp_path / "old"))
+    assert out.status == "violated" and "seed" in out.reason
+    make_dist(tmp_path / "new", "sglang", "0.5.3")
+    assert evaluate_pin(PINS["sglang-min"], facts(tmp_path / "new")).status == "ok"
+    make_dist(tmp_path / "r", "vllm", "0.11.0+rocm700")
+    out = evaluate_pin(PINS["vllm-rocm-sleep-min"], facts(tmp_path / "r", "rocm"))
+    assert out.status == "violated" and "sleep" in out.reason
 
 
 def test_vllm_torch_pin_from_its_own_metadata(tmp_path):
