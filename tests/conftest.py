@@ -1,10 +1,12 @@
-"""Shared test setup: offline hub, bounded hypothesis, one Ray session per test process."""
+"""Shared test setup: offline hub, bounded hypothesis, one Ray session per test process, and the
+devices the single-process engine tests run on (CPU always, CUDA where one is present)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -40,3 +42,20 @@ def ray_session():
         )
     yield ray
     ray.shutdown()
+
+
+def available_devices() -> list[str]:
+    """``cpu`` plus ``cuda`` when a CUDA device is usable; ``RLCTL_TEST_DEVICES=cuda`` (comma list)
+    narrows the set, e.g. to run only the accelerator half of the tests."""
+    found = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    wanted = [d.strip() for d in os.environ.get("RLCTL_TEST_DEVICES", "").split(",") if d.strip()]
+    return [d for d in found if d in wanted] if wanted else found
+
+
+DEVICES = available_devices()
+
+
+@pytest.fixture(scope="session", params=DEVICES)
+def device(request) -> str:
+    """The torch device type a test runs on; session-scoped so module fixtures can build on it."""
+    return request.param

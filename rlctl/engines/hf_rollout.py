@@ -6,7 +6,9 @@ log-probs are exactly ``log_softmax(logits / temperature)`` of the logits the to
 
 Output follows the engines' batch convention (see :mod:`rlctl.engines.fsdp_train`) plus
 ``prompts`` and ``rollout_log_probs``. Responses are padded to ``max_new_tokens``; the
-``n`` samples of a prompt are adjacent rows.
+``n`` samples of a prompt are adjacent rows. Inputs may live anywhere (they are moved to the
+engine's device); outputs always come back on the host, so the driver-side stages never see
+device tensors.
 """
 
 from __future__ import annotations
@@ -41,7 +43,18 @@ class HFRolloutEngine:
         dtype: str = "float32",
         attn_implementation: str = "sdpa",
         trust_remote_code: bool = False,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float | None = None,
+        seed: int = 0,
     ):
+        """``gpu_memory_utilization`` is for engines that pre-allocate a KV cache (vLLM, SGLang);
+        this engine allocates as it goes and ignores it. ``seed`` is unused: every ``generate``
+        call takes its own."""
+        if tensor_parallel_size != 1:
+            raise UserError(
+                f"the HF rollout engine runs one model copy per rank; tensor_parallel_size="
+                f"{tensor_parallel_size} needs rollout.engine = 'vllm' or 'sglang'"
+            )
         self.device = torch.device(device)
         if isinstance(model_path_or_module, nn.Module):
             model = model_path_or_module
@@ -83,14 +96,15 @@ class HFRolloutEngine:
         greedy: bool = False,
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int = 0,
-        generator: torch.Generator | None = None,
+        seed: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """Sample ``n`` responses per left-padded prompt, stopping each row at EOS.
 
         ``rollout_log_probs[i, t]`` is the log-prob of ``responses[i, t]`` under
         ``softmax(logits / temperature)`` before top-k/top-p truncation (0 past the response).
         ``greedy`` takes the argmax (log-probs still use ``temperature``). ``eos_token_id=None``
-        never stops early. Draws use ``generator`` (on the engine's device) for reproducibility.
+        never stops early. ``seed`` seeds a generator on the engine's device (``None``: unseeded);
+        the same seed gives the same samples on the same device. Returns CPU tensors.
         """
         if self.asleep:
             raise RunError("HF rollout engine is asleep; call wake() before generate()")
@@ -104,9 +118,11 @@ class HFRolloutEngine:
         prompts = prompt_ids.to(dev).repeat_interleave(n, dim=0)
         pmask = prompt_mask.to(dev).long().repeat_interleave(n, dim=0)
         bsz, plen = prompts.shape
-        eos = torch.tensor(
-            [] if eos_token_id is None else list(torch.tensor(eos_token_id).view(-1)), device=dev
-        )
+        # on the tensors' own device: an accelerator draw with a CPU generator raises. On CPU this
+        # is torch.Generator().manual_seed(seed), so CPU samples depend on the seed alone.
+        generator = None if seed is None else torch.Generator(device=prompts.device).manual_seed(seed)
+        stops = [] if eos_token_id is None else torch.tensor(eos_token_id).view(-1).tolist()
+        eos = torch.tensor(stops, dtype=torch.long, device=dev)
         mask = torch.zeros(bsz, plen + max_new_tokens, dtype=torch.long, device=dev)
         mask[:, :plen] = pmask
         responses = torch.full((bsz, max_new_tokens), pad_token_id, dtype=prompts.dtype, device=dev)
@@ -129,16 +145,16 @@ class HFRolloutEngine:
                 break
             logits, cache = self._step(tok[:, None], mask[:, : plen + t + 1], next_pos + t, cache)
 
-        response_mask = mask[:, plen:]
-        return {
+        out = {
             "prompts": prompts,
             "responses": responses,
             "input_ids": torch.cat([prompts, responses], dim=1),
             "attention_mask": mask,
             "position_ids": position_ids_from_mask(mask),
-            "response_mask": response_mask,
+            "response_mask": mask[:, plen:],
             "rollout_log_probs": log_probs,
         }
+        return {k: v.cpu() for k, v in out.items()}  # no-op on CPU
 
     # -- weights and memory ------------------------------------------------------------------------
     @torch.no_grad()
@@ -164,6 +180,10 @@ class HFRolloutEngine:
             target.copy_(tensor.to(device=target.device, dtype=target.dtype))
             count += 1
         return count
+
+    def log_prob_gap(self, *, temperature: float, top_p: float, top_k: int) -> str | None:
+        """Always exact: ``rollout_log_probs`` are ``log_softmax(logits / T)`` before truncation."""
+        return None
 
     def sleep(self) -> None:
         """Free memory while training runs: weights go to CPU and the device cache is emptied.

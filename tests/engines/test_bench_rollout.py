@@ -11,8 +11,9 @@ from rlctl.cli.main import cli
 TINY = ["--hidden-size", "32", "--layers", "1", "--vocab-size", "64", "--batch", "2", "--prompt-len", "4"]
 
 
-def test_bench_rollout_json_reports_both_sides():
+def test_bench_rollout_json_reports_both_sides(device):
     args = ["bench", "rollout", "--json", *TINY, "--new-tokens", "3", "--repeats", "2", "--warmup", "0"]
+    args += ["--device", device]
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -20,7 +21,7 @@ def test_bench_rollout_json_reports_both_sides():
     assert len(data["engine_seconds"]) == len(data["generate_seconds"]) == 2
     assert data["engine_tokens_per_s"] > 0 and data["generate_tokens_per_s"] > 0
     assert abs(data["ratio"] - data["engine_tokens_per_s"] / data["generate_tokens_per_s"]) < 1e-9
-    assert data["config"]["new_tokens"] == 3
+    assert data["config"]["new_tokens"] == 3 and data["config"]["device"] == device
 
 
 def test_bench_rollout_table_and_bad_flag():

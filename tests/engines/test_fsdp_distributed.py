@@ -54,7 +54,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> N
             temperature=0.7,
             max_new_tokens=6,
             eos_token_id=[1, *range(5, 16)],
-            generator=torch.Generator().manual_seed(rank),
+            seed=rank,
         )
         recomputed = engine.compute_log_prob(gen, temperature=0.7)["log_probs"]
         result["colocated_diff"] = float(

@@ -1,4 +1,5 @@
-"""Property tests of top-k / top-p filtering and the shared log-prob helpers."""
+"""Property tests of top-k / top-p filtering, sampling and the shared log-prob helpers, on every
+test device (the draws use a generator on the logits' device)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ vocab = st.integers(2, 40)
 
 
 @given(rows, vocab, st.integers(0, 45), st.integers(0, 2**16))
-def test_top_k_keeps_exactly_the_k_largest(b, v, k, seed):
+def test_top_k_keeps_exactly_the_k_largest(device, b, v, k, seed):
     scores = torch.randn(b, v, generator=torch.Generator().manual_seed(seed))
-    kept = torch.isfinite(filter_top_k_top_p(scores, top_k=k))
+    kept = torch.isfinite(filter_top_k_top_p(scores.to(device), top_k=k)).cpu()
     expect = min(k, v) if k > 0 else v
     assert torch.all(kept.sum(-1) == expect)
     if 0 < k < v:
@@ -25,9 +26,9 @@ def test_top_k_keeps_exactly_the_k_largest(b, v, k, seed):
 
 
 @given(rows, vocab, st.floats(0.01, 1.0), st.integers(0, 2**16))
-def test_top_p_keeps_the_smallest_nucleus_with_enough_mass(b, v, p, seed):
+def test_top_p_keeps_the_smallest_nucleus_with_enough_mass(device, b, v, p, seed):
     scores = torch.randn(b, v, generator=torch.Generator().manual_seed(seed)) * 3
-    kept = torch.isfinite(filter_top_k_top_p(scores, top_p=p))
+    kept = torch.isfinite(filter_top_k_top_p(scores.to(device), top_p=p)).cpu()
     probs = torch.softmax(scores, -1)
     for i in range(b):
         assert kept[i, probs[i].argmax()]
@@ -42,26 +43,36 @@ def test_top_p_keeps_the_smallest_nucleus_with_enough_mass(b, v, p, seed):
             assert probs[i][kept[i]].min() >= probs[i][~kept[i]].max()
 
 
-def test_samples_follow_the_softmax():
-    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).expand(20000, 4)
-    draws = sample_tokens(logits, generator=torch.Generator().manual_seed(0))
+def test_samples_follow_the_softmax(device):
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]], device=device).expand(20000, 4)
+
+    def gen(seed: int) -> torch.Generator:
+        return torch.Generator(device=device).manual_seed(seed)
+
+    draws = sample_tokens(logits, generator=gen(0))
+    assert draws.device.type == device
     freq = torch.bincount(draws, minlength=4).float() / draws.numel()
     assert torch.allclose(freq, torch.softmax(logits[0], -1), atol=0.015)
-    truncated = sample_tokens(logits, top_k=2, generator=torch.Generator().manual_seed(0))
+    truncated = sample_tokens(logits, top_k=2, generator=gen(0))
     assert set(truncated.tolist()) == {0, 1}
-    assert torch.equal(sample_tokens(logits[:3], greedy=True), torch.zeros(3, dtype=torch.long))
+    assert torch.equal(sample_tokens(logits, generator=gen(1)), sample_tokens(logits, generator=gen(1)))
+    assert not torch.equal(sample_tokens(logits, generator=gen(1)), sample_tokens(logits, generator=gen(2)))
+    greedy = sample_tokens(logits[:3], greedy=True)
+    assert torch.equal(greedy.cpu(), torch.zeros(3, dtype=torch.long))
 
 
 @given(st.floats(0.1, 3.0), st.integers(0, 2**16))
-def test_log_probs_and_entropy_under_temperature(temp, seed):
+def test_log_probs_and_entropy_under_temperature(device, temp, seed):
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(3, 5, 7, generator=g)
     tokens = torch.randint(0, 7, (3, 5), generator=g)
     p = torch.softmax(logits.double() / temp, -1)
-    lp, ent = token_log_probs_and_entropy(logits, tokens, temp)
+    lp, ent = token_log_probs_and_entropy(logits.to(device), tokens.to(device), temp)
+    assert lp.device.type == ent.device.type == device
+    lp, ent = lp.cpu(), ent.cpu()
     assert torch.allclose(lp.double(), p.log().gather(-1, tokens[..., None]).squeeze(-1), atol=1e-5)
     assert torch.allclose(ent.double(), -(p * p.log()).sum(-1), atol=1e-5)
-    assert torch.equal(token_log_probs(logits, tokens, temp), lp)
+    assert torch.equal(token_log_probs(logits.to(device), tokens.to(device), temp).cpu(), lp)
 
 
 def test_position_ids_follow_verl_convention():

@@ -12,7 +12,7 @@ name = "{name}"
 seed = 3
 output_dir = "{out}"
 [platform]
-vendor = "cpu"
+vendor = "{vendor}"
 [cluster]
 backend = "{backend}"
 [model]
@@ -39,6 +39,10 @@ loggers = ["jsonl"]
 """
 
 
+# the platform whose device_type is the test device (see rlctl/platforms); used by ``write_profile``
+VENDOR_OF_DEVICE = {"cpu": "cpu", "cuda": "nvidia"}
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
     from rlctl.models import build_tiny_model
@@ -57,9 +61,11 @@ def write_profile(tmp_path: Path, tiny_model: str):
         steps: int = 4,
         kl: bool = False,
         extra: str = "",
+        device: str = "cpu",
     ) -> Path:
         text = TINY_RL.format(
             name=name,
+            vendor=VENDOR_OF_DEVICE[device],
             out=tmp_path / "runs",
             backend=backend,
             model=tiny_model,
