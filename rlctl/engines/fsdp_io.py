@@ -78,6 +78,8 @@ def save_checkpoint(engine: FSDPTrainEngine, path: Path) -> None:
         dcp.save(checkpoint_state(engine.model, engine.optimizer), checkpoint_id=str(path))
     if _rank() == 0:
         extra = {"scheduler": engine.scheduler.state_dict(), "global_step": engine.global_step}
+        if engine.loss_scaler is not None:
+            extra["loss_scaler"] = engine.loss_scaler.state_dict()
         torch.save(extra, path / EXTRA_STATE)
     _barrier()
 
@@ -104,6 +106,8 @@ def load_checkpoint(engine: FSDPTrainEngine, path: Path) -> None:
     extra = torch.load(path / EXTRA_STATE, map_location="cpu", weights_only=False)
     engine.scheduler.load_state_dict(extra["scheduler"])
     engine.global_step = int(extra["global_step"])
+    if engine.loss_scaler is not None and "loss_scaler" in extra:
+        engine.loss_scaler.load_state_dict(extra["loss_scaler"])
 
 
 def _full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -1,8 +1,11 @@
 """FSDP2 training engine: log-probs, values and optimiser steps of an HF causal LM.
 
 When ``torch.distributed`` is initialised the model is sharded with
-``torch.distributed.fsdp.fully_shard`` over a 1-D DeviceMesh (every decoder layer, then the root);
-otherwise it runs as a plain module, so the same code serves tests, CPU runs and GPUs.
+``torch.distributed.fsdp.fully_shard`` over a 1-D DeviceMesh (every decoder layer, then the root)
+and each rank loads only its own shards (:mod:`rlctl.engines.fsdp_load`); otherwise it runs as a
+plain module, so the same code serves tests, CPU runs and GPUs. ``dtype`` is the storage dtype
+(parameters, gradients, AdamW state), ``mixed_precision`` the compute dtype
+(:mod:`rlctl.engines.mixed_precision`).
 The engine knows nothing of RL: :meth:`FSDPTrainEngine.train_batch` takes the loss function.
 
 Batch convention (verl's): ``input_ids``/``attention_mask``/``position_ids`` (B, P+R) are a
@@ -20,13 +23,15 @@ import torch.distributed as dist
 from torch import nn
 
 from rlctl.engines import fsdp_io
-from rlctl.engines.hf_model import load_causal_lm, load_value_model, resolve_dtype, supports_logits_to_keep
+from rlctl.engines.fsdp_load import load_sharded
+from rlctl.engines.hf_model import load_causal_lm, load_value_model, supports_logits_to_keep
 from rlctl.engines.logprob import (
     position_ids_from_mask,
     response_logits,
     token_log_probs,
     token_log_probs_and_entropy,
 )
+from rlctl.engines.mixed_precision import DynamicLossScaler, autocast, compute_dtype
 from rlctl.engines.optim import LossScale, OptimConfig, build_optimizer
 from rlctl.engines.registry import register_engine
 from rlctl.errors import RunError, UserError
@@ -41,22 +46,37 @@ def split_batch(batch: Batch, micro_batch_size: int) -> list[Batch]:
     return [{k: v[i : i + micro_batch_size] for k, v in batch.items()} for i in range(0, n, micro_batch_size)]
 
 
-def _shard(model: nn.Module, mesh, mixed_precision: str | None, cpu_offload: bool, device: str) -> None:
-    """``fully_shard`` each no-split block (HF ``_no_split_modules``), then the root."""
+def _shard(model: nn.Module, mesh, compute: torch.dtype | None, cpu_offload: bool, device: str) -> None:
+    """``fully_shard`` each no-split block (HF ``_no_split_modules``), then the root.
+
+    Under mixed precision the all-gathered parameters are cast to ``compute`` and gradients are
+    reduce-scattered in fp32 into the fp32 shards; a critic's value head gets an fp32 policy of its
+    own so values are not rounded to the compute dtype.
+    """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     kwargs: dict = {"mesh": mesh}
-    if mixed_precision:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(
-            param_dtype=resolve_dtype(mixed_precision), reduce_dtype=torch.float32
-        )
+    if compute is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     if cpu_offload and device != "cpu":
         kwargs["offload_policy"] = CPUOffloadPolicy()
     block_names = set(getattr(model, "_no_split_modules", None) or [])
     blocks = [m for m in model.modules() if type(m).__name__ in block_names]
     for block in blocks:
         fully_shard(block, **kwargs)
+    head = getattr(model, "value_head", None)
+    if compute is not None and isinstance(head, nn.Module):
+        fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+        fully_shard(head, **{**kwargs, "mp_policy": fp32})
     fully_shard(model, **kwargs)
+
+
+def _enable_activation_checkpointing(model: nn.Module, value_head: bool) -> None:
+    target = model.backbone if value_head else model
+    if hasattr(target, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        target.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 @register_engine("train", model_type="*", backend="fsdp2", device="*")
@@ -87,32 +107,39 @@ class FSDPTrainEngine:
         self.micro_batch_size = micro_batch_size
         self.value_head = value_head
         self.mixed_precision = mixed_precision
+        self.compute_dtype = compute_dtype(dtype, mixed_precision)
         self.cpu_offload = cpu_offload
         self.tokenizer = tokenizer
-        loader = load_value_model if value_head else load_causal_lm
-        model = loader(
-            model_path,
-            dtype=dtype,
-            trust_remote_code=trust_remote_code,
-            attn_implementation=attn_implementation,
-        )
-        self.arch_name = type(model).__name__
-        if activation_checkpointing:
-            target = model.backbone if value_head else model
-            if hasattr(target, "activation_checkpointing_enable"):  # transformers >= 5.x name
-                target.activation_checkpointing_enable(
-                    activation_checkpointing_kwargs={"use_reentrant": False}
-                )
-            else:
-                target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.to(self.device)
         self.distributed = dist.is_available() and dist.is_initialized()
+        load_kwargs = dict(
+            dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation
+        )
         if self.distributed:
             if mesh is None:
                 from torch.distributed.device_mesh import init_device_mesh
 
                 mesh = init_device_mesh(self.device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
-            _shard(model, mesh, mixed_precision, cpu_offload, self.device.type)
+            offload = cpu_offload and self.device.type != "cpu"
+
+            def prepare(m: nn.Module) -> None:
+                if activation_checkpointing:
+                    _enable_activation_checkpointing(m, value_head)
+
+            model = load_sharded(
+                model_path,
+                **load_kwargs,
+                value_head=value_head,
+                device=self.device,
+                param_device=torch.device("cpu") if offload else self.device,
+                prepare=prepare,
+                shard=lambda m: _shard(m, mesh, self.compute_dtype, cpu_offload, self.device.type),
+            )
+        else:
+            model = (load_value_model if value_head else load_causal_lm)(model_path, **load_kwargs)
+            if activation_checkpointing:
+                _enable_activation_checkpointing(model, value_head)
+            model.to(self.device)
+        self.arch_name = type(model).__name__.removeprefix("FSDP")
         self.mesh = mesh
         self.model = model
         self._keep_logits = not value_head and supports_logits_to_keep(model)
@@ -121,6 +148,8 @@ class FSDPTrainEngine:
             [p for p in model.parameters() if p.requires_grad], self.optim_config
         )
         self.global_step = 0
+        # fp16 compute underflows small gradients without a loss scale; bf16 needs none
+        self.loss_scaler = DynamicLossScaler() if self.compute_dtype == torch.float16 else None
 
     # -- shape of the data-parallel world ---------------------------------------------------------
     @property
@@ -135,9 +164,7 @@ class FSDPTrainEngine:
         return self.mesh.get_group() if self.mesh is not None else None
 
     def _autocast(self):
-        if self.mixed_precision and not self.distributed:
-            return torch.autocast(self.device.type, dtype=resolve_dtype(self.mixed_precision))
-        return torch.autocast(self.device.type, enabled=False)
+        return autocast(self.device, self.compute_dtype, self.distributed)
 
     # -- forward ------------------------------------------------------------------------------------
     def _forward(self, mb: Batch, *, temperature: float, with_entropy: bool) -> dict[str, torch.Tensor]:
@@ -203,9 +230,10 @@ class FSDPTrainEngine:
 
     # -- training -----------------------------------------------------------------------------------
     def _loss_scale(self, batch: Batch) -> LossScale:
-        totals = torch.tensor(
-            [float(batch["response_mask"].sum()), float(batch["response_mask"].shape[0])], dtype=torch.float64
-        )
+        # sequences with at least one valid token: the set agg_loss's seq-mean modes average over,
+        # so fully masked rows (padding that only makes shapes divide) count nowhere
+        mask = batch["response_mask"]
+        totals = torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64)
         if self.distributed:
             totals = totals.to(self.device)
             dist.all_reduce(totals, group=self._group())
@@ -240,14 +268,22 @@ class FSDPTrainEngine:
         return {k: float(v) / self.dp_size for k, v in zip(keys, t.tolist(), strict=True)}
 
     def train_batch(
-        self, batch: Batch, loss_fn: LossFn, *, temperature: float = 1.0, with_entropy: bool = True
+        self,
+        batch: Batch,
+        loss_fn: LossFn,
+        *,
+        temperature: float = 1.0,
+        with_entropy: bool = True,
+        step_schedule: bool = True,
     ) -> dict[str, float]:
         """One optimiser step over a mini-batch, accumulating gradients over micro-batches.
 
         ``loss_fn(outputs, micro_batch, scale)`` returns this micro-batch's share of the
-        mini-batch loss (see :class:`LossScale`); backward runs on it unscaled. Then gradients are
-        clipped (``grad_norm`` is the norm before clipping), AdamW and the LR schedule step.
-        A non-finite grad norm skips the update and reports ``skipped=1``.
+        mini-batch loss (see :class:`LossScale`); backward runs on it unscaled (times the loss
+        scale under fp16 compute). Then gradients are clipped (``grad_norm`` is the norm before
+        clipping), AdamW steps, and the LR schedule too unless ``step_schedule=False`` (the caller
+        then calls :meth:`advance_schedule` once per RL step). A non-finite grad norm skips the
+        update and reports ``skipped=1``.
         """
         self.model.train()
         scale = self._loss_scale(batch)
@@ -257,11 +293,13 @@ class FSDPTrainEngine:
         for mb in micro_batches:
             outputs = self._forward(mb, temperature=temperature, with_entropy=with_entropy)
             loss, metrics = loss_fn(outputs, {k: v.to(self.device) for k, v in mb.items()}, scale)
-            loss.backward()
+            (loss * self.loss_scaler.scale if self.loss_scaler else loss).backward()
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
         metrics = {k: v / len(micro_batches) for k, v in sums.items()}
         params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.loss_scaler:
+            self.loss_scaler.unscale_(params)
         clip = self.optim_config.grad_clip if self.optim_config.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
         if hasattr(grad_norm, "full_tensor"):
@@ -273,11 +311,19 @@ class FSDPTrainEngine:
             self.optimizer.zero_grad(set_to_none=True)
         else:
             self.optimizer.step()
-            self.scheduler.step()
+            if step_schedule:
+                self.scheduler.step()
             self.global_step += 1
         out = self._mean_over_ranks(metrics)
         out.update(grad_norm=grad_norm, lr=lr, skipped=float(skipped))
+        if self.loss_scaler:
+            out["loss_scale"] = self.loss_scaler.scale
+            self.loss_scaler.update(found_inf=skipped)
         return out
+
+    def advance_schedule(self) -> None:
+        """One LR-schedule step (for callers that train with ``step_schedule=False``)."""
+        self.scheduler.step()
 
     # -- weights, checkpoints, memory ---------------------------------------------------------------
     def export_weights(

@@ -64,24 +64,34 @@ class ValueHeadModel(nn.Module):
     """A critic: the HF base model (no LM head) plus a scalar value head on every position.
 
     ``forward`` returns the per-position values (B, L) in fp32. The backbone keeps its HF
-    parameter names under ``backbone.``; the head is ``value_head``.
+    parameter names under ``backbone.``; the head is ``value_head``. The head runs outside autocast
+    in its own parameters' dtype (fp32 master weights under mixed precision; FSDP2 gives it an fp32
+    policy of its own), so values are not rounded to bf16.
     """
 
     def __init__(self, backbone: nn.Module, hidden_size: int):
         super().__init__()
         self.backbone = backbone
         self.config = backbone.config
-        self.value_head = nn.Linear(hidden_size, 1, bias=True)
-        nn.init.normal_(self.value_head.weight, std=1.0 / (hidden_size + 1) ** 0.5)
-        nn.init.zeros_(self.value_head.bias)
-        self.value_head.to(next(backbone.parameters()).dtype)
+        self.value_head = new_value_head(hidden_size, next(backbone.parameters()).dtype)
         self._no_split_modules = getattr(backbone, "_no_split_modules", None) or []
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs) -> torch.Tensor:
         out = self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         )
-        return self.value_head(out.last_hidden_state).squeeze(-1).float()
+        hidden = out.last_hidden_state
+        with torch.autocast(hidden.device.type, enabled=False):
+            values = self.value_head(hidden.to(self.value_head.weight.dtype))
+        return values.squeeze(-1).float()
+
+
+def new_value_head(hidden_size: int, dtype: torch.dtype) -> nn.Linear:
+    """A freshly initialised value head (draws from torch's global RNG: seed it the same on every rank)."""
+    head = nn.Linear(hidden_size, 1, bias=True)
+    nn.init.normal_(head.weight, std=1.0 / (hidden_size + 1) ** 0.5)
+    nn.init.zeros_(head.bias)
+    return head.to(dtype)
 
 
 def load_value_model(
