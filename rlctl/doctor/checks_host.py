@@ -167,25 +167,28 @@ def check_kernels(p: Platform) -> list[CheckResult]:
         )
     ]
     eng = p.rollout_engine_candidates()
-    engine = p.rollout_engine()
-    if engine is None:
-        rows.append(
-            failed("rollout-engine", "no rollout engine installed", "pip install transformers", "kernels")
-        )
-    elif engine == "hf" and p.name != "cpu":
+    engine, reason = p.auto_rollout_engine()
+    candidates = [vars(c) for c in eng]
+    if engine is not None:
+        rows.append(passed("rollout-engine", f"{engine}: {reason}", "kernels", candidates=candidates))
+    elif "hf" in p.installed_rollout_engines():
         rows.append(
             warned(
                 "rollout-engine",
-                f"only HF transformers rollout is installed; preferred order is {', '.join(p.rollout_engines())}",
-                "pip install 'rlctl[vllm]' (or sglang) for fast rollout",
+                f"rollout.engine = auto will refuse to start: {reason}",
+                f"pip install 'rlctl[{p.rollout_engines()[0]}]' for fast rollout, or set rollout.engine = \"hf\"",
                 "kernels",
-                candidates=[vars(c) for c in eng],
+                candidates=candidates,
             )
         )
     else:
-        reason = next(c.reason for c in eng if c.chosen)
         rows.append(
-            passed("rollout-engine", f"{engine}: {reason}", "kernels", candidates=[vars(c) for c in eng])
+            failed(
+                "rollout-engine",
+                f"no rollout engine installed: {reason}",
+                "pip install transformers",
+                "kernels",
+            )
         )
     return rows
 

@@ -152,12 +152,38 @@ class Platform:
         ]
 
     def rollout_engine(self) -> str | None:
-        """The preferred installed rollout engine (None when none is installed)."""
-        return next((c.name for c in self.rollout_engine_candidates() if c.chosen), None)
+        """The engine ``rollout.engine = auto`` runs (None: it would refuse to start)."""
+        return self.auto_rollout_engine()[0]
 
     def supported_dtypes(self) -> list[str]:
         """torch dtype names usable for training/rollout on this platform's devices."""
         return ["float32"]
+
+    def default_dtype(self) -> str:
+        """What ``platform.dtype = auto`` computes in: float32 on CPU; on an accelerator bfloat16
+        where its devices support it, else float16, else float32 (from :meth:`supported_dtypes`)."""
+        if self.device_type == "cpu":
+            return "float32"
+        supported = self.supported_dtypes()
+        return next((d for d in ("bfloat16", "float16") if d in supported), "float32")
+
+    def auto_rollout_engine(self) -> tuple[str | None, str]:
+        """What ``rollout.engine = auto`` runs, and why: the first installed engine of
+        :attr:`engine_order`, where HF transformers counts only when it is the platform's own
+        first choice (CPU). ``(None, reason)`` when none is installed: a run never falls back to
+        the slow engine silently (``rollout.engine = "hf"`` asks for it)."""
+        wanted = [name for name in self.engine_order if name != "hf"] or ["hf"]
+        installed = self.installed_rollout_engines()
+        for name in wanted:
+            if name in installed:
+                needs = self.engine_dists.get(name, (name,))
+                return name, "installed (" + ", ".join(
+                    f"{d} {self.host.dists.version(d)}" for d in needs
+                ) + ")"
+        return None, (
+            f"none of the {self.name} platform's rollout engines ({', '.join(wanted)}) is installed; "
+            f"pip install 'rlctl[{wanted[0]}]', or set rollout.engine = \"hf\" to use HF transformers"
+        )
 
     # ------------------------------------------------------------ pins
     @property

@@ -29,7 +29,10 @@ class PlatformSection:
     vendor: str = field("auto", "auto, cpu, nvidia, rocm, ascend, or an installed plugin's name.")
     attention: str = field("auto", "Attention kernel; auto picks the platform's best available.")
     dtype: str = field(
-        "auto", "Compute dtype; auto is float32 on CPU, bfloat16 on accelerators.", choices=DTYPES
+        "auto",
+        "Compute dtype; auto is float32 on CPU, else bfloat16 where the devices support it, else "
+        "float16. Trained models keep fp32 master weights and optimizer state.",
+        choices=DTYPES,
     )
 
 
@@ -92,7 +95,9 @@ class AlgorithmSection:
 class ActorSection:
     lr: float = field(1e-6, "Learning rate.", gt=0)
     weight_decay: float = field(0.0, "AdamW weight decay.", ge=0)
-    warmup_steps: int = field(0, "Linear warmup steps.", ge=0)
+    warmup_steps: int = field(
+        0, "Linear warmup, in RL steps (the schedule advances once per step, as verl's).", ge=0
+    )
     lr_schedule: str = field("constant", "Schedule after warmup.", choices=("constant", "cosine"))
     grad_clip: float = field(1.0, "Gradient norm clip (0 = off).", ge=0)
     ppo_epochs: int = field(1, "Passes over each step's batch.", ge=1)
@@ -114,14 +119,21 @@ class ActorSection:
 
 @dataclass
 class RolloutSection:
-    engine: str = field("auto", "Rollout engine.", choices=("auto", "hf", "vllm", "sglang"))
+    engine: str = field(
+        "auto",
+        "Rollout engine; auto is the platform's (vllm, then sglang on accelerators; hf on CPU). "
+        "On an accelerator hf runs only when asked for.",
+        choices=("auto", "hf", "vllm", "sglang"),
+    )
     n: int = field(8, "Responses sampled per prompt.", ge=1)
     temperature: float = field(1.0, "Sampling temperature.", gt=0)
     top_p: float = field(1.0, "Nucleus sampling mass.", gt=0, le=1)
     top_k: int = field(0, "Top-k sampling (0 = off).", ge=0)
     max_new_tokens: int = field(64, "Maximum response length in tokens.", ge=1)
-    tensor_parallel: int = field(1, "Rollout tensor-parallel degree (vLLM/SGLang).", ge=1)
-    gpu_memory_utilization: float = field(0.5, "vLLM/SGLang memory fraction.", gt=0, le=1)
+    tensor_parallel: int = field(1, "Rollout tensor-parallel degree; only 1 is supported yet.", ge=1)
+    gpu_memory_utilization: float = field(
+        0.5, "vLLM/SGLang memory fraction (the HF engine reads none; leave it at 0.5).", gt=0, le=1
+    )
     val_temperature: float = field(0.0, "Validation temperature (0 = greedy).", ge=0)
 
 
@@ -135,7 +147,7 @@ class RefSection:
 class CriticSection:
     path: str = field("", "Critic init directory; empty means model.path.", path=True)
     lr: float = field(1e-5, "Critic learning rate.", gt=0)
-    warmup_steps: int = field(0, "Critic warmup steps.", ge=0)
+    warmup_steps: int = field(0, "Critic linear warmup, in RL steps.", ge=0)
     grad_clip: float = field(1.0, "Critic gradient norm clip (0 = off).", ge=0)
     cliprange_value: float = field(0.5, "Value clipping range.", ge=0)
     ppo_epochs: int = field(1, "Critic passes over each step's batch.", ge=1)

@@ -11,8 +11,8 @@ from rlctl.dispatch import DataProto, WorkerGroup, spawn_colocated
 from rlctl.dispatch.pool import ResourcePool
 from rlctl.errors import UserError
 from rlctl.log import get_logger
-from rlctl.platforms import resolve_platform
 from rlctl.profile.schema import Profile
+from rlctl.trainer import choices
 from rlctl.trainer.evaluate import scorer_for
 from rlctl.trainer.models import load_tokenizer
 from rlctl.trainer.scoring import BatchScorer
@@ -99,14 +99,23 @@ def load_prompts(profile: Profile, tokenizer: Any) -> tuple[PromptSource, DataPr
     return PromptSource(train), to_proto(val.make_batch(list(range(len(val.dataset))), "val-"))
 
 
+def _check_rollout_log_probs(profile: Profile, policy: WorkerGroup) -> None:
+    """Rollout correction reweights by the rollout engine's log-probs: refuse to run on wrong ones."""
+    algo, r = profile.algorithm, profile.rollout
+    if algo.rollout_correction == "off":
+        return
+    gap = policy.rollout_log_prob_gap(r.temperature, r.top_p, r.top_k)
+    if gap:
+        raise UserError(
+            f"{profile.source}: algorithm.rollout_correction: {algo.rollout_correction} needs the rollout "
+            f"engine's log-probs under log_softmax(logits / T), but {gap}; set it to 'off' or change "
+            "the sampling settings"
+        )
+
+
 def build_context(profile: Profile, run_dir: Path) -> RunContext:
     """Resolve the platform, load data and reward, spawn the colocated worker groups."""
-    platform = resolve_platform(profile.platform.vendor)
-    probe = platform.probe()
-    if not probe.found:
-        raise UserError(
-            f"{profile.source}: platform.vendor: {platform.name} is not usable here: {probe.reason}"
-        )
+    platform = choices.usable_platform(profile)
     tokenizer = load_tokenizer(
         profile.model.tokenizer or profile.model.path,
         profile.model.trust_remote_code,
@@ -114,12 +123,17 @@ def build_context(profile: Profile, run_dir: Path) -> RunContext:
     )
     train, val = load_prompts(profile, tokenizer)
     scorer = scorer_for(profile, tokenizer)
-    dtype = profile.platform.dtype
-    if dtype == "auto":
-        dtype = "float32" if platform.device_type == "cpu" else "bfloat16"
+    dtype = choices.compute_dtype(profile, platform)
+    engine = choices.rollout_engine(profile, platform)
+    choices.check_engine_keys(profile, engine)
     attn = profile.platform.attention if profile.platform.attention != "auto" else platform.attention_impl()
     specs = build_specs(
-        profile, device_type=platform.device_type, dtype=dtype, attn=attn, dist_backend=platform.dist_backend
+        profile,
+        device_type=platform.device_type,
+        dtype=dtype,
+        attn=attn,
+        dist_backend=platform.dist_backend,
+        rollout_engine=engine,
     )
     roles: dict[str, type] = {"policy": PolicyWorker}
     init: dict[str, dict] = {"policy": {"spec": specs.policy}}
@@ -137,6 +151,7 @@ def build_context(profile: Profile, run_dir: Path) -> RunContext:
         roles=",".join(roles),
         dtype=dtype,
         attention=attn,
+        rollout=engine,
     )
     groups = spawn_colocated(
         pool,
@@ -148,8 +163,14 @@ def build_context(profile: Profile, run_dir: Path) -> RunContext:
         address=c.address,
         default_timeout=c.call_timeout_s,
     )
-    for group in groups.values():
-        group.init_model()
+    try:
+        for group in groups.values():
+            group.init_model()
+        _check_rollout_log_probs(profile, groups["policy"])
+    except BaseException:
+        for group in groups.values():
+            group.shutdown()
+        raise
     return RunContext(
         profile=profile,
         run_dir=run_dir,

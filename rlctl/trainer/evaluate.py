@@ -63,6 +63,7 @@ def greedy_accuracy(
 def evaluate_model(profile: Profile, model_path: str, limit: int | None = None) -> dict[str, float]:
     """Load ``model_path`` into the HF rollout engine and measure greedy validation accuracy."""
     from rlctl.engines.hf_rollout import HFRolloutEngine
+    from rlctl.trainer.choices import single_process_engines
     from rlctl.trainer.context import load_prompts
     from rlctl.trainer.models import load_tokenizer
 
@@ -74,7 +75,10 @@ def evaluate_model(profile: Profile, model_path: str, limit: int | None = None) 
         raise UserError(f"{profile.source}: data.val: no validation prompts (set data.val to a file)")
     if limit:
         val = val[:limit]
-    engine = HFRolloutEngine(model_path, device="cpu", trust_remote_code=profile.model.trust_remote_code)
+    device, dtype = single_process_engines(profile)
+    engine = HFRolloutEngine(
+        model_path, device=device, dtype=dtype, trust_remote_code=profile.model.trust_remote_code
+    )
     with torch.inference_mode():
         return greedy_accuracy(
             engine, tokenizer, val, scorer_for(profile, tokenizer), profile.rollout.max_new_tokens

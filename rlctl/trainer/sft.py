@@ -23,6 +23,7 @@ from rlctl.engines.optim import LossScale, OptimConfig
 from rlctl.log import get_logger
 from rlctl.profile.schema import Profile
 from rlctl.tracking import Tracker
+from rlctl.trainer.choices import single_process_engines
 from rlctl.trainer.context import load_prompts
 from rlctl.trainer.evaluate import greedy_accuracy, scorer_for
 from rlctl.trainer.models import load_tokenizer, materialize_model
@@ -74,13 +75,19 @@ def run_sft(profile: Profile, run_dir: Path) -> dict[str, Any]:
     data = SFTDataset(load_dataset(profile.data.train, "train", seed=profile.run.seed), tokenizer)
     _, val = load_prompts(profile, tokenizer)
     scorer = scorer_for(profile, tokenizer)
+    device, dtype = single_process_engines(profile)
     engine = FSDPTrainEngine(
         model_path,
+        device=device,
+        dtype="float32",  # fp32 master weights; compute in the platform's dtype
+        mixed_precision=None if dtype == "float32" else dtype,
         micro_batch_size=s.batch_sequences,
         optim=OptimConfig(lr=s.lr, warmup_steps=s.warmup_steps, weight_decay=0.0, grad_clip=1.0),
         trust_remote_code=profile.model.trust_remote_code,
     )
-    rollout = HFRolloutEngine(model_path, device="cpu", trust_remote_code=profile.model.trust_remote_code)
+    rollout = HFRolloutEngine(
+        model_path, device=device, dtype=dtype, trust_remote_code=profile.model.trust_remote_code
+    )
     tracker = Tracker(run_dir, profile.trainer.loggers, profile.run.name, {}, s.steps, resume=False)
     result: dict[str, Any] = {}
     epoch, stream, step, start = 0, iter(()), 0, time.perf_counter()

@@ -178,7 +178,8 @@ def test_ascend_rollout_engine_needs_vllm_ascend(tmp_path):
     make_dist(site, "vllm", "0.11.0")
     p = AscendPlatform(ascend_host(tmp_path))
     assert p.rollout_engines() == ["vllm", "sglang", "hf"]
-    assert p.rollout_engine() == "hf"
+    assert p.rollout_engine() is None  # auto never falls back to HF on an accelerator
+    assert 'rollout.engine = "hf"' in p.auto_rollout_engine()[1]
     assert "vllm-ascend missing" in p.rollout_engine_candidates()[0].reason
     make_dist(site, "vllm-ascend", "0.11.0rc1")
     p = AscendPlatform(ascend_host(tmp_path))
