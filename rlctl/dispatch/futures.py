@@ -204,6 +204,8 @@ def execute_on_rank(
         if isinstance(a, (Shard, LazyInput)) and isinstance(value, DataProto):
             pads.add(pad)
             rows.add(len(value))
+            if isinstance(a, LazyInput):  # resolved here, so padded here: mark it as dispatch does
+                value = value.mark_padding(pad)
         return value
 
     real_args = tuple(res(a) for a in args)
@@ -211,4 +213,5 @@ def execute_on_rank(
     if len(pads) > 1 or len(rows) > 1:
         raise ValueError(f"DataProto arguments were split into shards of different sizes {sorted(rows)}")
     out = fn(*real_args, **real_kwargs)
-    return trim_output(out, rows.pop(), pads.pop()) if pads else out
+    out = trim_output(out, rows.pop(), pads.pop()) if pads else out
+    return out.without_padding_column() if isinstance(out, DataProto) else out

@@ -7,8 +7,10 @@ A mode is a pair of pure functions over the group's ``Mesh``:
   ``collect_ranks(mesh)`` (all executed ranks by default).
 
 Padding never reaches collect: DP splits travel as ``Shard``s that know their padding rows and each
-rank drops the outputs of those rows (``futures.execute_on_rank``). Custom modes are added with
-``register_dispatch_mode`` and may reuse ``split_for_dp``.
+rank drops the outputs of those rows (``futures.execute_on_rank``). Padding rows are also marked in
+the shards' ``PADDING`` column (see ``proto``), so methods whose effect is not a per-row output
+(an optimiser step, metrics) can leave them out; collect drops the column again. Custom modes are
+added with ``register_dispatch_mode`` and may reuse ``split_for_dp`` and ``mark_shards``.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlctl.dispatch.futures import DispatchFuture, split_for_dp
+from rlctl.dispatch.futures import DispatchFuture, Shard, split_for_dp
 from rlctl.dispatch.mesh import Mesh
-from rlctl.dispatch.proto import DataProto
+from rlctl.dispatch.proto import PADDING, DataProto
 
 
 class Dispatch(str, enum.Enum):
@@ -30,8 +32,8 @@ class Dispatch(str, enum.Enum):
     ONE_TO_ALL = "ONE_TO_ALL"  # every rank gets the same arguments; collect a list of all outputs
     ALL_TO_ALL = "ALL_TO_ALL"  # each argument is a list, one item per rank; collect a list
     DP_COMPUTE_PROTO = "DP_COMPUTE_PROTO"  # pad + split over DP, replicate over tp/pp; concat, unpad
-    # split like DP_COMPUTE_PROTO (padding rows included: they are copies of real rows);
-    # a list of one output per DP group
+    # split like DP_COMPUTE_PROTO (padding rows are copies of real rows, marked in the PADDING
+    # column: the method must leave them out); a list of one output per DP group
     DP_COMPUTE_METRICS = "DP_COMPUTE_METRICS"
     RANK_ZERO = "RANK_ZERO"  # only rank 0 runs, with the arguments as given; its output
 
@@ -159,6 +161,13 @@ def dispatch_all_to_all(mesh: Mesh, args: tuple, kwargs: dict) -> list[tuple[tup
     ]
 
 
+def mark_shards(shards: list[Shard]) -> list[Shard]:
+    """Mark each shard's padding rows in its ``PADDING`` column, on every shard once any pads."""
+    if not any(s.pad_rows for s in shards) and not any(PADDING in s.data.batch for s in shards):
+        return shards
+    return [Shard(s.data.mark_padding(s.pad_rows), s.pad_rows) for s in shards]
+
+
 def dispatch_dp(mesh: Mesh, args: tuple, kwargs: dict) -> list[tuple[tuple, dict]]:
     """Pad and split DataProto (or future) arguments over DP; replicate over the other axes."""
     dp = mesh.dp_size
@@ -170,7 +179,7 @@ def dispatch_dp(mesh: Mesh, args: tuple, kwargs: dict) -> list[tuple[tuple, dict
 
     def split(v: Any) -> list[Any]:
         if isinstance(v, DataProto):
-            return split_for_dp(v, dp)
+            return mark_shards(split_for_dp(v, dp))
         if isinstance(v, DispatchFuture):
             return [v.lazy(("chunk", dp, d)) for d in range(dp)]
         return [v] * dp  # anything else (a step number, a config) is broadcast
@@ -187,10 +196,14 @@ def collect_all(mesh: Mesh, outputs: dict[int, Any]) -> list[Any]:
     return [outputs[r] for r in sorted(outputs)]
 
 
+def _unmarked(out: Any) -> Any:
+    return out.without_padding_column() if isinstance(out, DataProto) else out
+
+
 def collect_dp_proto(mesh: Mesh, outputs: dict[int, Any]) -> Any:
     reps = [outputs[r] for r in mesh.representatives()]
     if all(isinstance(o, DataProto) for o in reps):
-        return DataProto.concat(reps)
+        return DataProto.concat([_unmarked(o) for o in reps])
     if all(o is None for o in reps):
         return None
     kinds = sorted({type(o).__name__ for o in reps})
@@ -202,7 +215,7 @@ collect_dp_proto.concat_of = Mesh.representatives  # consumers of a future may f
 
 
 def collect_dp_metrics(mesh: Mesh, outputs: dict[int, Any]) -> list[Any]:
-    return [outputs[r] for r in mesh.representatives()]
+    return [_unmarked(outputs[r]) for r in mesh.representatives()]
 
 
 def collect_rank_zero(mesh: Mesh, outputs: dict[int, Any]) -> Any:

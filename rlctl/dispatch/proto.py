@@ -15,6 +15,11 @@ Pickling is cheap: CPU tensors are pickled as numpy views of their own bytes (ne
 storage a sliced view points into), so with pickle protocol 5 (Ray) the bytes travel out of band
 and are copied once into the object store. Unpickled tensors own fresh writable memory: a
 zero-copy alias of Ray's shared, immutable object store would let an in-place op corrupt it.
+
+Padding rows. Rows that exist only to make shapes divide (a DP split, a mini-batch spread over
+ranks) are copies of real rows; a bool tensor column ``PADDING`` (``"is_padding"``) marks them so
+a worker can keep them out of every loss, count and metric. The dispatch layer adds it, knowing
+nothing of what the rows mean; ``padding_mask()`` reads it (all False when absent).
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ import torch
 
 from rlctl.dispatch.tensors import _BORROW, borrowing, cat_rows, pack_tensor, unpack_tensor
 
-__all__ = ["DataProto", "borrowing"]
+__all__ = ["PADDING", "DataProto", "borrowing"]
+
+PADDING = "is_padding"  # bool column: True on rows added only to make shapes divide
 
 
 def _to_np_column(value: Any) -> np.ndarray:
@@ -225,6 +232,31 @@ class DataProto:
             raise ValueError(f"cannot pad an empty DataProto to a multiple of {d}")
         idx = torch.arange(pad) % n
         return DataProto.concat([self, self[idx]]), pad
+
+    def mark_padding(self, rows: int) -> DataProto:
+        """A copy whose ``PADDING`` column also marks the last ``rows`` rows (earlier marks are kept).
+
+        Always adds the column (all False for ``rows == 0``), so the shards of one split agree on
+        their columns.
+        """
+        n = len(self)
+        if not 0 <= rows <= n:
+            raise ValueError(f"mark_padding({rows}) on a DataProto of {n} rows")
+        mask = self.padding_mask().clone()
+        mask[n - rows :] = True
+        return DataProto({**self.batch, PADDING: mask}, self.non_tensor, self.meta)
+
+    def padding_mask(self) -> torch.Tensor:
+        """(rows,) bool: True where a row is padding (the ``PADDING`` column; all False without it)."""
+        if PADDING in self.batch:
+            return self.batch[PADDING].bool()
+        return torch.zeros(len(self), dtype=torch.bool)
+
+    def without_padding_column(self) -> DataProto:
+        """The same rows without the ``PADDING`` column (what collect hands back to the driver)."""
+        if PADDING not in self.batch:
+            return self
+        return DataProto({k: v for k, v in self.batch.items() if k != PADDING}, self.non_tensor, self.meta)
 
     def unpad(self, pad_size: int) -> DataProto:
         """Drop the last ``pad_size`` rows added by ``pad_to_divisor``."""

@@ -10,7 +10,13 @@ import torch
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW + warmup then constant or cosine decay to ``min_lr_ratio * lr``; ``grad_clip<=0`` disables."""
+    """AdamW + warmup then constant or cosine decay to ``min_lr_ratio * lr``; ``grad_clip<=0`` disables.
+
+    ``warmup_steps`` and ``total_steps`` are in the unit of whoever steps the schedule. The RL
+    trainer steps it once per RL step, as verl does (``total_steps = trainer.steps``), so warmup
+    and decay land on the same RL steps whatever the number of mini-batches, epochs or ranks;
+    supervised fine-tuning steps it once per optimiser step.
+    """
 
     lr: float = 1e-6
     weight_decay: float = 0.01
@@ -38,15 +44,20 @@ class LossScale:
     A loss function returns each micro-batch's exact share of the mini-batch loss, e.g. token-mean
     ``sum(l * mask) / global_tokens * dp_size``; ``dp_size`` undoes the mean that FSDP's gradient
     reduce-scatter takes over data-parallel ranks. The engine calls ``backward`` on it as is.
+    Rows with an all-zero ``response_mask`` (padding that only makes shapes divide) count in
+    neither total, the same rows ``rlctl.algorithms.agg_loss`` leaves out of its seq-mean modes.
     """
 
-    global_tokens: int
-    global_seqs: int
+    global_tokens: int  # loss tokens (response_mask sum)
+    global_seqs: int  # sequences with at least one loss token
     dp_size: int
 
 
 def lr_lambda(cfg: OptimConfig):
-    """Multiplier of the base LR at step ``s`` (0-based count of optimiser steps already taken)."""
+    """Multiplier of the base LR at step ``s`` (0-based count of schedule steps already taken).
+
+    Warmup is ``(s + 1) / warmup_steps``, so the first step already trains.
+    """
 
     def f(step: int) -> float:
         if cfg.warmup_steps > 0 and step < cfg.warmup_steps:

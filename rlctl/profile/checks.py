@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 from rlctl.errors import UserError
@@ -22,6 +24,13 @@ def check_profile(profile: Profile, origins: dict[str, Path]) -> None:
             "actor.mini_batch_prompts",
             f"expected a divisor of trainer.prompts_per_step ({profile.trainer.prompts_per_step}), got {mini}",
         )
+    if profile.rollout.tensor_parallel > 1:
+        fail(
+            "rollout.tensor_parallel",
+            f"{profile.rollout.tensor_parallel} is not supported yet: the rollout engine holds one whole "
+            "model copy per training rank and the actor's weights are synced at tensor-parallel 1; set 1",
+        )
+    _check_shapes(profile, fail)
     reward = profile.reward
     if reward.kind == "custom" and ":" not in reward.function:
         fail("reward.function", f"expected 'path/to/file.py:function_name', got {reward.function!r}")
@@ -34,3 +43,55 @@ def check_profile(profile: Profile, origins: dict[str, Path]) -> None:
     for name in profile.trainer.loggers:
         if name not in ("console", "jsonl", "tensorboard", "wandb"):
             fail("trainer.loggers", f"expected console, jsonl, tensorboard or wandb, got {name!r}")
+
+
+def _check_shapes(profile: Profile, fail: Callable[[str, str], None]) -> None:
+    """Sizes the workers need to divide, caught before any worker starts.
+
+    Batch sizes need not divide the number of ranks: the update pads each mini-batch with
+    masked rows (``rlctl.trainer.minibatch``). What must divide is fixed by the model and the
+    world: the rollout's tensor-parallel degree against the world size and the attention heads
+    (vLLM's rule, also ``rlctl.reshard.layout.check_tp``: heads divisible by tp; kv heads and tp,
+    one a multiple of the other).
+    """
+    c, tp = profile.cluster, profile.rollout.tensor_parallel
+    world = c.nodes * c.devices_per_node
+    if c.backend == "inprocess" and world > 1:
+        fail(
+            "cluster.backend",
+            f"inprocess runs one process, so it cannot train on cluster.nodes x cluster.devices_per_node = "
+            f"{world} ranks; use backend = 'ray' or one device",
+        )
+    if world % tp:
+        fail(
+            "rollout.tensor_parallel",
+            f"{tp} does not divide the {world} ranks of the cluster (nodes x devices_per_node)",
+        )
+    heads = _attention_heads(profile.model.path)
+    if heads is None or tp == 1:
+        return
+    q, kv = heads
+    if q % tp:
+        fail("rollout.tensor_parallel", f"{tp} does not divide the model's num_attention_heads ({q})")
+    if (tp >= kv and tp % kv) or (tp < kv and kv % tp):
+        fail(
+            "rollout.tensor_parallel",
+            f"{tp} and the model's num_key_value_heads ({kv}): one must be a multiple of the other",
+        )
+
+
+def _attention_heads(model_path: str) -> tuple[int, int] | None:
+    """(num_attention_heads, num_key_value_heads) from the model's config.json; None when unreadable
+    (a model not downloaded yet is checked when it loads)."""
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    cfg = cfg.get("text_config") or cfg  # multimodal configs nest the language model's
+    q = cfg.get("num_attention_heads")
+    if not isinstance(q, int) or q < 1:
+        return None
+    kv = cfg.get("num_key_value_heads") or q
+    return q, int(kv)

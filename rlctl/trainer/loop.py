@@ -27,6 +27,7 @@ from rlctl.profile import profile_to_dict
 from rlctl.tracking import Tracker
 from rlctl.trainer import checkpoint
 from rlctl.trainer.context import RunContext
+from rlctl.trainer.minibatch import layout_mini_batches
 from rlctl.trainer.stages import (
     StageTimer,
     batch_metrics,
@@ -58,6 +59,7 @@ class Trainer:
             self.p.algorithm.kl_horizon,
         )
         mini = self.p.actor.mini_batch_prompts or self.p.trainer.prompts_per_step
+        self.mini_batch_prompts = mini
         # Exactly on-policy (one epoch, one mini-batch, no KL-in-reward, no correction): the update's
         # own log-probs equal the old ones, so the recompute pass is skipped (ratio == 1 by definition).
         self.recompute_old_log_prob = (
@@ -133,9 +135,11 @@ class Trainer:
             batch, adv_metrics = compute_advantages(batch, self.p.algorithm, self.kl_ctrl)
         if self.ctx.critic is not None:
             with timer("update_critic"):
-                metrics.update(mean_metrics(self.ctx.critic.update_critic(for_workers(batch))))
+                metrics.update(
+                    mean_metrics(self.ctx.critic.update_critic(self._laid_out(batch, self.ctx.critic)))
+                )
         with timer("update_actor"):
-            metrics.update(mean_metrics(self.ctx.policy.update_actor(for_workers(batch))))
+            metrics.update(mean_metrics(self.ctx.policy.update_actor(self._laid_out(batch, self.ctx.policy))))
         with timer("sync"):
             self.ctx.policy.sync_weights()
         step_s = time.perf_counter() - start
@@ -178,19 +182,33 @@ class Trainer:
         metrics.update({"dapo/rounds": float(rounds), "dapo/kept_fraction": min(1.0, have / need)})
         return full, metrics
 
-    def generate(self, prompts: DataProto, n: int, *, seed: int, validation: bool = False) -> DataProto:
-        """n responses per prompt (rows of one prompt adjacent), with the prompt's columns carried."""
+    def generate(
+        self, prompts: DataProto, n: int, *, seed: int, validation: bool = False, greedy: bool = False
+    ) -> DataProto:
+        """n responses per prompt (rows of one prompt adjacent), with the prompt's columns carried.
+
+        ``greedy`` forces argmax decoding whatever the sampling settings say.
+        """
         rows = prompts.repeat(n, interleave=True)
         request = rows.select(["input_ids", "attention_mask"])
         request.meta.update(self.ctx.sampling(validation=validation), seed=seed)
+        if greedy:
+            request.meta["greedy"] = True
         out = self.ctx.policy.generate_sequences(request)
         return DataProto.from_dict(
             tensors=out.batch, non_tensors=rows.non_tensor, meta={"temperature": self.p.rollout.temperature}
         )
 
+    def _laid_out(self, batch: DataProto, group) -> DataProto:
+        """The update's input: mini-batches of whole prompt groups, spread over ``group``'s DP ranks."""
+        uids = batch.non_tensor.get("uid")
+        return layout_mini_batches(for_workers(batch), uids, self.mini_batch_prompts, group.dp_size)
+
     def _remax_baseline(self, prompts: DataProto, batch: DataProto, step: int) -> DataProto:
-        greedy = self.ctx.reward.score(self.generate(prompts, 1, seed=self._seed(step, 0), validation=True))
-        baseline = greedy.batch["scores"].float().repeat_interleave(self.p.rollout.n)
+        """ReMax's baseline: the reward of one greedy response per prompt (always greedy, as verl,
+        whatever the validation sampling settings are)."""
+        out = self.generate(prompts, 1, seed=self._seed(step, 0), greedy=True)
+        baseline = self.ctx.reward.score(out).batch["scores"].float().repeat_interleave(self.p.rollout.n)
         return batch.union(DataProto.from_dict(tensors={"reward_baselines": baseline}))
 
     def validate(self) -> dict[str, float]:

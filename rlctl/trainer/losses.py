@@ -78,7 +78,11 @@ def make_actor_loss(spec: ActorLossSpec) -> LossFn:
 
 
 def make_critic_loss(spec: CriticSpec) -> LossFn:
-    """Clipped value loss against the returns computed on the driver."""
+    """Clipped value loss against the returns computed on the driver.
+
+    ``seq-mean-token-sum-norm`` divides by ``spec.norm_constant`` (the actor's, max_new_tokens),
+    never by the batch's trimmed response width, which changes from step to step.
+    """
 
     def loss_fn(out: Batch, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
         mask = mb["response_mask"]
@@ -89,7 +93,7 @@ def make_critic_loss(spec: CriticSpec) -> LossFn:
             mask,
             spec.cliprange_value,
             spec.loss_agg_mode,
-            **_agg(scale, None),
+            **_agg(scale, spec.norm_constant),
         )
         metrics["vpred_mean"] = masked_mean(out["values"].detach(), mask).item()
         metrics["vf_loss"] = masked_mean(0.5 * (out["values"].detach() - mb["returns"]) ** 2, mask).item()

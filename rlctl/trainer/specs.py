@@ -18,7 +18,8 @@ class EngineSpec:
 
     model_path: str
     device_type: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "float32"  # storage dtype of the parameters (fp32 master weights when training)
+    mixed_precision: str | None = None  # compute dtype under FSDP2 mixed precision (None: as stored)
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
     dist_backend: str = "gloo"
@@ -46,12 +47,24 @@ class ActorLossSpec:
 
 @dataclass(frozen=True)
 class UpdateSpec:
-    """How one step's batch is cut into optimiser steps."""
+    """How a worker runs one RL step's update.
+
+    The mini-batches themselves are cut on the driver (``rlctl.trainer.minibatch``), the same for
+    every world size; the worker takes ``ppo_epochs`` passes over them, then one LR-schedule step.
+    """
 
     ppo_epochs: int = 1
-    mini_batches: int = 1
     temperature: float = 1.0
-    shuffle_seed: int = 1
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """The rollout engine colocated with the actor."""
+
+    engine: str = "hf"
+    dtype: str = "float32"
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -60,7 +73,7 @@ class PolicySpec:
     optim: OptimConfig
     loss: ActorLossSpec
     update: UpdateSpec
-    rollout_engine: str = "hf"
+    rollout: RolloutSpec = RolloutSpec()
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,7 @@ class CriticSpec:
     update: UpdateSpec
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
+    norm_constant: float | None = None  # seq-mean-token-sum-norm divisor: the actor's (max_new_tokens)
 
 
 @dataclass(frozen=True)
@@ -84,13 +98,28 @@ class RoleSpecs:
     critic: CriticSpec | None = None
 
 
-def build_specs(profile: Profile, *, device_type: str, dtype: str, attn: str, dist_backend: str) -> RoleSpecs:
-    """Translate the profile's flat sections into the specs each role's worker receives."""
+def build_specs(
+    profile: Profile,
+    *,
+    device_type: str,
+    dtype: str,
+    attn: str,
+    dist_backend: str,
+    rollout_engine: str = "hf",
+) -> RoleSpecs:
+    """Translate the profile's flat sections into the specs each role's worker receives.
+
+    ``dtype`` is the compute dtype. Trained models (actor, critic) keep fp32 master weights and
+    optimizer state and compute in ``dtype`` through FSDP2 mixed precision; the frozen reference
+    and the rollout engine store their weights in ``dtype`` directly.
+    """
     p = profile
+    low_precision = dtype != "float32"
     base = EngineSpec(
         model_path=p.model.path,
         device_type=device_type,
-        dtype=dtype,
+        dtype="float32",
+        mixed_precision=dtype if low_precision else None,
         attn_implementation=attn,
         trust_remote_code=p.model.trust_remote_code,
         dist_backend=dist_backend,
@@ -99,20 +128,15 @@ def build_specs(profile: Profile, *, device_type: str, dtype: str, attn: str, di
         offload=p.actor.param_offload or p.actor.optimizer_offload,
         seed=p.run.seed,
     )
-    mini = p.actor.mini_batch_prompts or p.trainer.prompts_per_step
-    update = UpdateSpec(
-        ppo_epochs=p.actor.ppo_epochs,
-        mini_batches=p.trainer.prompts_per_step // mini,
-        temperature=p.rollout.temperature,
-        shuffle_seed=p.run.seed,
-    )
+    update = UpdateSpec(ppo_epochs=p.actor.ppo_epochs, temperature=p.rollout.temperature)
     policy = PolicySpec(
         engine=base,
         optim=OptimConfig(
             lr=p.actor.lr,
             weight_decay=p.actor.weight_decay,
             warmup_steps=p.actor.warmup_steps,
-            total_steps=p.trainer.steps * p.actor.ppo_epochs * update.mini_batches,
+            # the schedule counts RL steps (one per update call), as verl does
+            total_steps=p.trainer.steps,
             schedule=p.actor.lr_schedule,
             grad_clip=p.actor.grad_clip,
         ),
@@ -129,13 +153,22 @@ def build_specs(profile: Profile, *, device_type: str, dtype: str, attn: str, di
             norm_constant=float(p.rollout.max_new_tokens),
         ),
         update=update,
-        rollout_engine="hf" if p.rollout.engine == "auto" else p.rollout.engine,
+        rollout=RolloutSpec(
+            engine=rollout_engine,
+            dtype=dtype,
+            tensor_parallel_size=p.rollout.tensor_parallel,
+            gpu_memory_utilization=p.rollout.gpu_memory_utilization,
+        ),
     )
     ref = None
     if profile.uses_reference:
         ref = RefSpec(
             engine=replace(
-                base, model_path=p.ref.path or p.model.path, micro_batch_sequences=p.ref.micro_batch_sequences
+                base,
+                model_path=p.ref.path or p.model.path,
+                micro_batch_sequences=p.ref.micro_batch_sequences,
+                dtype=dtype,
+                mixed_precision=None,
             )
         )
     critic = None
@@ -149,16 +182,13 @@ def build_specs(profile: Profile, *, device_type: str, dtype: str, attn: str, di
             optim=OptimConfig(
                 lr=p.critic.lr,
                 warmup_steps=p.critic.warmup_steps,
+                total_steps=p.trainer.steps,
                 grad_clip=p.critic.grad_clip,
                 weight_decay=0.0,
             ),
-            update=UpdateSpec(
-                ppo_epochs=p.critic.ppo_epochs,
-                mini_batches=update.mini_batches,
-                temperature=1.0,
-                shuffle_seed=p.run.seed,
-            ),
+            update=UpdateSpec(ppo_epochs=p.critic.ppo_epochs, temperature=1.0),
             cliprange_value=p.critic.cliprange_value,
             loss_agg_mode=p.actor.loss_agg_mode,
+            norm_constant=float(p.rollout.max_new_tokens),
         )
     return RoleSpecs(policy=policy, ref=ref, critic=critic)

@@ -19,7 +19,8 @@ from rlctl.dispatch import DataProto, Dispatch, Worker, register
 from rlctl.engines.registry import get_engine
 from rlctl.reshard import reshard_train_to_rollout
 from rlctl.trainer.losses import make_actor_loss, make_critic_loss
-from rlctl.trainer.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec, UpdateSpec
+from rlctl.trainer.minibatch import MINI_BATCH_ROWS, split_mini_batches
+from rlctl.trainer.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec
 from rlctl.trainer.stages import mean_metrics
 
 TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
@@ -62,6 +63,7 @@ def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool
         spec.model_path,
         device=spec.device_type,
         dtype=spec.dtype,
+        mixed_precision=spec.mixed_precision,
         trust_remote_code=spec.trust_remote_code,
         value_head=value_head,
         activation_checkpointing=spec.activation_checkpointing,
@@ -73,15 +75,20 @@ def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool
 
 
 def _train_view(batch: DataProto, *extra: str) -> dict[str, torch.Tensor]:
+    """The engine's tensors; rows marked as padding get an all-zero ``response_mask``, so they
+    count in no loss, token or sequence total and no metric."""
     keys = [k for k in (*TRAIN_KEYS, *extra) if k in batch.batch]
-    return {k: batch.batch[k] for k in keys}
+    view = {k: batch.batch[k] for k in keys}
+    pad = batch.padding_mask()
+    if "response_mask" in view and bool(pad.any()):
+        mask = view["response_mask"]
+        view["response_mask"] = mask * (~pad).to(device=mask.device, dtype=mask.dtype)[:, None]
+    return view
 
 
-def _mini_batches(batch: dict[str, torch.Tensor], spec: UpdateSpec) -> list[dict[str, torch.Tensor]]:
-    """This rank's share cut into ``spec.mini_batches`` optimiser steps, in order."""
-    n = next(iter(batch.values())).shape[0]
-    size = max(1, -(-n // spec.mini_batches))
-    return [{k: v[i : i + size] for k, v in batch.items()} for i in range(0, n, size)]
+def _mini_batches(batch: DataProto, view: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """This rank's share cut into the optimiser steps the driver laid out (``trainer.minibatch``)."""
+    return split_mini_batches(view, batch.meta.get(MINI_BATCH_ROWS))
 
 
 class PolicyWorker(Worker):
@@ -96,23 +103,29 @@ class PolicyWorker(Worker):
         spec = self.spec
         self.actor = _train_engine(self, spec.engine, optim=spec.optim)
         rollout_cls = get_engine(
-            "rollout", _model_type(spec.engine.model_path), spec.rollout_engine, spec.engine.device_type
+            "rollout", _model_type(spec.engine.model_path), spec.rollout.engine, spec.engine.device_type
         )
         self.rollout = rollout_cls(
             spec.engine.model_path,
             device=spec.engine.device_type,
-            dtype=spec.engine.dtype,
+            dtype=spec.rollout.dtype,
             attn_implementation=spec.engine.attn_implementation,
             trust_remote_code=spec.engine.trust_remote_code,
+            tensor_parallel_size=spec.rollout.tensor_parallel_size,
+            gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
+            seed=spec.engine.seed,
         )
         self.actor_loss = make_actor_loss(spec.loss)
         self.sync_weights()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Sample one response per row (the driver repeats prompts n times beforehand)."""
+        """Sample one response per row (the driver repeats prompts n times beforehand).
+
+        The engine seeds its own generator on its device from this rank's integer seed and returns
+        host tensors, so the driver never sees device memory.
+        """
         meta = prompts.meta
-        generator = torch.Generator().manual_seed(int(meta["seed"]) * 1_000_003 + self.rank)
         out = self.rollout.generate(
             prompts.batch["input_ids"],
             prompts.batch["attention_mask"],
@@ -124,7 +137,7 @@ class PolicyWorker(Worker):
             greedy=bool(meta.get("greedy", False)),
             eos_token_id=meta["eos_token_id"],
             pad_token_id=meta["pad_token_id"],
-            generator=generator,
+            seed=int(meta["seed"]) * 1_000_003 + self.rank,
         )
         out = _pad_responses(out, int(meta["max_new_tokens"]), int(meta["pad_token_id"]))
         return DataProto.from_dict(tensors=out)
@@ -139,20 +152,35 @@ class PolicyWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
     def update_actor(self, batch: DataProto) -> dict[str, float]:
+        """One RL step: ``ppo_epochs`` passes over the driver's mini-batches, then one LR step.
+
+        The schedule counts RL steps, as verl does, so warmup and decay do not depend on how
+        many mini-batches (optimiser steps) a step holds.
+        """
         inject_fault(self, "update_actor", batch.meta.get("step"))
         extra = ("old_log_probs", "ref_log_probs", "advantages", "rollout_is_weights")
-        view = _train_view(batch, *extra)
+        minis = _mini_batches(batch, _train_view(batch, *extra))
         metrics = []
         self.rollout.sleep()  # colocated: the rollout engine's memory goes to training until the sync
         with self._actor_on_device():
             for _ in range(self.spec.update.ppo_epochs):
-                for mini in _mini_batches(view, self.spec.update):
+                for mini in minis:
                     metrics.append(
                         self.actor.train_batch(
-                            mini, self.actor_loss, temperature=self.spec.update.temperature
+                            mini,
+                            self.actor_loss,
+                            temperature=self.spec.update.temperature,
+                            step_schedule=False,
                         )
                     )
+            self.actor.advance_schedule()
         return {f"actor/{k}": v for k, v in mean_metrics(metrics).items()}
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def rollout_log_prob_gap(self, temperature: float, top_p: float, top_k: int) -> str | None:
+        """None when the rollout engine's log-probs equal ``log_softmax(logits / T)`` for these
+        sampling settings; otherwise why not (rollout correction then cannot run)."""
+        return self.rollout.log_prob_gap(temperature=temperature, top_p=top_p, top_k=top_k)
 
     @contextmanager
     def _actor_on_device(self) -> Iterator[None]:
@@ -238,11 +266,13 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
     def update_critic(self, batch: DataProto) -> dict[str, float]:
-        view = _train_view(batch, "values", "returns")
+        """One RL step of the value model, laid out and scheduled like ``update_actor``."""
+        minis = _mini_batches(batch, _train_view(batch, "values", "returns"))
         metrics = []
         for _ in range(self.spec.update.ppo_epochs):
-            for mini in _mini_batches(view, self.spec.update):
-                metrics.append(self.critic.train_batch(mini, self.critic_loss))
+            for mini in minis:
+                metrics.append(self.critic.train_batch(mini, self.critic_loss, step_schedule=False))
+        self.critic.advance_schedule()
         return {f"critic/{k}": v for k, v in mean_metrics(metrics).items()}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -255,23 +285,28 @@ class CriticWorker(Worker):
 
 
 def _pad_responses(out: dict[str, torch.Tensor], length: int, pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad the response part to a fixed length so every rank returns the same shapes."""
+    """Right-pad the response part to a fixed length so every rank returns the same shapes.
+
+    Each pad is made on its tensor's own device and dtype, so this works wherever the engine
+    left its outputs.
+    """
     resp = out["responses"]
     extra = length - resp.shape[1]
     if extra <= 0:
         return out
     b = resp.shape[0]
-    pad_tok = torch.full((b, extra), pad_id, dtype=resp.dtype)
-    zeros = torch.zeros((b, extra), dtype=out["response_mask"].dtype)
+
+    def zeros_like_rows(t: torch.Tensor) -> torch.Tensor:
+        return torch.zeros((b, extra), dtype=t.dtype, device=t.device)
+
+    pad_tok = torch.full((b, extra), pad_id, dtype=resp.dtype, device=resp.device)
     padded = dict(out)
     padded["responses"] = torch.cat([resp, pad_tok], 1)
-    padded["response_mask"] = torch.cat([out["response_mask"], zeros], 1)
-    padded["input_ids"] = torch.cat([out["input_ids"], pad_tok], 1)
-    padded["attention_mask"] = torch.cat([out["attention_mask"], zeros.to(out["attention_mask"].dtype)], 1)
-    last = out["position_ids"][:, -1:]
-    padded["position_ids"] = torch.cat([out["position_ids"], last + torch.arange(1, extra + 1)], 1)
-    if "rollout_log_probs" in out:
-        padded["rollout_log_probs"] = torch.cat(
-            [out["rollout_log_probs"], torch.zeros((b, extra), dtype=out["rollout_log_probs"].dtype)], 1
-        )
+    padded["input_ids"] = torch.cat([out["input_ids"], pad_tok.to(out["input_ids"])], 1)
+    for key in ("response_mask", "attention_mask", "rollout_log_probs"):
+        if key in out:
+            padded[key] = torch.cat([out[key], zeros_like_rows(out[key])], 1)
+    pos = out["position_ids"]
+    steps = torch.arange(1, extra + 1, dtype=pos.dtype, device=pos.device)
+    padded["position_ids"] = torch.cat([pos, pos[:, -1:] + steps], 1)
     return padded

@@ -15,6 +15,7 @@ from rlctl.dispatch.backend_inprocess import InProcessBackend
 from rlctl.dispatch.backend_inprocess import fetch as inproc_fetch
 from rlctl.dispatch.futures import CallInfo, DispatchFuture, resolve_arg, split_for_dp
 from rlctl.dispatch.modes import get_mode, plan_call
+from rlctl.dispatch.proto import PADDING
 from tests.dispatch.strategies import data_protos
 
 meshes = st.builds(
@@ -114,7 +115,9 @@ def test_future_passed_to_next_call_is_resolved_on_the_ranks(x, mesh_a, mesh_b, 
         got, pad = resolve_arg(args[0], inproc_fetch)
         want = split_for_dp(x, mesh_b.dp_size)[mesh_b.dp_rank(r)] if len(x) else None
         if want is not None:
-            assert got.equals(want.data) and pad == want.pad_rows
+            # the identity producer passes its input's padding marks through (all False once trimmed)
+            assert not got.padding_mask().any()
+            assert got.without_padding_column().equals(want.data) and pad == want.pad_rows
     whole, _ = run(Dispatch.ONE_TO_ALL, mesh_b, (fut,))
     assert all(w.equals(x) for w in whole)
 
@@ -212,3 +215,29 @@ def test_mesh_errors():
         Mesh.of({"dp": 2, "tp": 2}, 2)
     with pytest.raises(ValueError, match="size < 1"):
         Mesh.of({"dp": 0}, 0)
+
+
+@given(data_protos(min_rows=1), meshes)
+def test_dp_padding_rows_are_marked_for_the_method_and_unmarked_in_the_result(x, mesh):
+    seen = {}
+
+    def method(b):
+        seen[len(seen)] = b.padding_mask().clone()
+        return b
+
+    out, payloads = run(Dispatch.DP_COMPUTE_METRICS, mesh, (x,), fn=method)
+    pads = [payloads[r][0][0].pad_rows for r in sorted(payloads)]
+    for marks, pad in zip(seen.values(), pads, strict=True):
+        assert marks.tolist() == [False] * (len(marks) - pad) + [True] * pad
+    assert all(PADDING not in o.batch for o in out)
+    proto, _ = run(Dispatch.DP_COMPUTE_PROTO, mesh, (x,))
+    assert proto.equals(x)
+
+
+def test_seven_rows_on_two_ranks_mark_the_copy_of_row_zero():
+    x = DataProto.from_dict({"row": list(range(7))})
+    _, payloads = run(Dispatch.DP_COMPUTE_METRICS, Mesh.of({"dp": 2}, 2), (x,))
+    shards = [payloads[r][0][0].data for r in (0, 1)]
+    assert shards[1]["row"].tolist() == [4, 5, 6, 0]
+    assert shards[1].padding_mask().tolist() == [False, False, False, True]
+    assert not shards[0].padding_mask().any()

@@ -136,3 +136,16 @@ def test_from_dict_to_and_columns():
     popped = d.pop(["x"])
     assert "x" not in d and "x" in popped
     assert np.array_equal(d.non_tensor["s"], np.array(["a", {"k": 1}], dtype=object))
+
+
+@given(data_protos(min_rows=1), st.integers(0, 5))
+def test_padding_marks_accumulate_and_come_off_again(x, k):
+    rows = min(k, len(x))
+    marked = x.mark_padding(rows)
+    assert marked.padding_mask().tolist() == [False] * (len(x) - rows) + [True] * rows
+    assert not x.padding_mask().any() and len(x.padding_mask()) == len(x)
+    again = marked[: len(x) - rows].mark_padding(0) if rows < len(x) else marked
+    assert again.padding_mask().sum() == (0 if rows < len(x) else rows)
+    assert marked.without_padding_column().equals(x)
+    with pytest.raises(ValueError, match="mark_padding"):
+        x.mark_padding(len(x) + 1)
