@@ -210,13 +210,20 @@ EOF
 }
 
 sec_bench_reshard() {
-  # `rlctl bench reshard` runs its ranks over gloo in host memory (it has no device option)
-  "$PY" -m rlctl.cli.main bench reshard --json --models tiny,qwen2-0.5b --repeat 1 >"$OUT/bench_reshard.json" || return 1
+  # `rlctl bench reshard --device cuda`: the cases that fit one GPU (one rank, p = q = 1) in device
+  # memory, each strategy against the device-to-device copy bandwidth measured in the same process
+  "$PY" -m rlctl.cli.main bench reshard --device cuda --json --models tiny,qwen2-0.5b --pairs 1:1 \
+    --repeat 2 >"$OUT/bench_reshard.json" || return 1
   "$PY" - <<'EOF'
-import json, os
-for r in json.load(open(os.path.join(os.environ["OUT"], "bench_reshard.json"))):
-    print(f"  {r['model']} {r['p']}:{r['q']} {r['strategy']:8s} {r['gbps']:.2f} GB/s (host memcpy "
-          f"{r['memcpy_gbps']:.1f} GB/s) match={r['match']}")
+import json, os, sys
+rows = json.load(open(os.path.join(os.environ["OUT"], "bench_reshard.json")))
+for r in rows:
+    frac = f"{r['frac_memcpy']:.0%}" if r["frac_memcpy"] is not None else "-"
+    print(f"  {r['model']} {r['p']}:{r['q']} {r['strategy']:8s} {r['gbps']:.2f} GB/s = {frac} of the "
+          f"{r['device']} d2d copy {r['memcpy_gbps']:.1f} GB/s ({r['backend']}), peak extra "
+          f"{r['peak_extra_mb']:.1f} MiB, match={r['match']}")
+bad = [r for r in rows if not r["match"] or r["device"] != "cuda"]
+sys.exit(1 if bad or not rows else 0)
 EOF
 }
 
@@ -293,8 +300,11 @@ rows = load("bench_reshard.json") or []
 for model in dict.fromkeys(r["model"] for r in rows):
     best = max((r for r in rows if r["model"] == model and r["strategy"] == "planned"), key=lambda r: r["gbps"], default=None)
     if best:
-        print(f"bench reshard {model} (host memory, gloo): planned best {best['gbps']:.2f} GB/s at "
-              f"{best['p']}:{best['q']}, host memcpy {best['memcpy_gbps']:.1f} GB/s")
+        d2d = f", sec_bandwidth d2d {bw['d2d_copy_gbps']} GB/s" if bw else ""
+        frac = f" = {best['frac_memcpy']:.0%}" if best["frac_memcpy"] is not None else ""
+        print(f"bench reshard {model} ({best['device']} memory, {best['backend']}): planned best "
+              f"{best['gbps']:.2f} GB/s at {best['p']}:{best['q']}{frac} of its d2d copy "
+              f"{best['memcpy_gbps']:.1f} GB/s{d2d}")
 if os.path.exists(os.path.join(out, "accuracy.tsv")):
     for line in open(os.path.join(out, "accuracy.tsv")):
         name, first, last = line.split()

@@ -43,6 +43,12 @@ def _pairs(value: str | None) -> list[tuple[int, int]] | None:
 @click.option(
     "--rank-order", type=click.Choice(["contiguous", "strided"]), default="strided", show_default=True
 )
+@click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    help="Where the ranks run: cpu (host memory, gloo) or cuda (rank r on cuda:r, nccl; one device per rank).",
+)
 def command(
     as_json: bool,
     models: str,
@@ -51,9 +57,16 @@ def command(
     repeat: int,
     max_model_gb: float,
     rank_order: str,
+    device: str,
 ) -> None:
-    """Train -> rollout layout transfer: planned vs naive all-gather vs disk (gloo, spawned ranks)."""
-    from rlctl.bench.reshard import MODELS, bench, rows_json
+    """Train -> rollout layout transfer: planned vs naive all-gather vs disk (spawned ranks).
+
+    On a device, cases needing more ranks than there are devices are skipped with the reason; the
+    single-process rows compare against the device's own device-to-device copy bandwidth.
+    """
+    from rlctl.bench.reshard import MODELS, bench, resolve_device, rows_json
+
+    where = resolve_device(device)
 
     names = [m.strip() for m in models.split(",") if m.strip()]
     unknown = [m for m in names if m not in MODELS]
@@ -64,6 +77,12 @@ def command(
         if not as_json:
             click.echo(f"  running {msg}", err=True)
 
+    skipped: list[str] = []
+
+    def on_skip(case: str, reason: str) -> None:
+        skipped.append(case)
+        click.echo(f"  skipped {case} on {where.type}: {reason}", err=True)
+
     rows = bench(
         names,
         _pairs(pairs),
@@ -72,7 +91,14 @@ def command(
         max_model_bytes=int(max_model_gb * 2**30),
         rank_order=rank_order,
         progress=progress,
+        device=where,
+        on_skip=on_skip,
     )
+    if skipped and not rows:
+        raise UserError(
+            f"--device {device}: none of the asked cases fits this host ({', '.join(skipped)}); "
+            f"use --pairs 1:1 or --device cpu"
+        )
     if as_json:
         json.dump(rows_json(rows), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -80,7 +106,8 @@ def command(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"rlctl bench reshard (bucket {bucket_mb} MiB, {rank_order} rollout ranks, gloo)")
+    place = "gloo" if where.on_host else f"{where.type} memory, {where.backend}"
+    table = Table(title=f"rlctl bench reshard (bucket {bucket_mb} MiB, {rank_order} rollout ranks, {place})")
     for col in (
         "model",
         "p->q",
@@ -109,6 +136,12 @@ def command(
     console.print(table)
     if rows:
         bws = sorted({round(r.memcpy_gbps, 2) for r in rows})
-        click.echo(
-            f"memcpy bandwidth of this host, measured in each job (GB/s): {bws[0]:.2f} .. {bws[-1]:.2f}"
-        )
+        if where.on_host:
+            click.echo(
+                f"memcpy bandwidth of this host, measured in each job (GB/s): {bws[0]:.2f} .. {bws[-1]:.2f}"
+            )
+        else:
+            click.echo(
+                f"{where.type} device-to-device copy bandwidth, measured in each job (GB/s): "
+                f"{bws[0]:.2f} .. {bws[-1]:.2f}; peak extra = max_memory_allocated above the ready state"
+            )

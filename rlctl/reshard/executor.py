@@ -81,7 +81,12 @@ class RankExecutor:
                 raise RunError(f"reshard rank {rank}: {lt.name!r} is {t.dtype}, expected {dtype}")
             self._src.append(_as2d(t))
         if device is None:
-            device = self._src[0].device if self._src else torch.device("cpu")
+            # a rank without train shards (q > p) still exchanges buffers on its outputs' device
+            device = (
+                self._src[0].device
+                if self._src
+                else next((t.device for t in self._out.values()), torch.device("cpu"))
+            )
         self.device = torch.device(device)
         self._dst: dict[int, torch.Tensor] = {}
 
