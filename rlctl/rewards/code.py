@@ -6,7 +6,9 @@ has none. Ground truth is one of:
 - ``{"tests": str}``: the same;
 - ``{"inputs": [str, ...], "outputs": [str, ...]}``: stdin/stdout cases, compared line by line
   with trailing whitespace ignored.
-Score 1.0 iff every case passes within the sandbox limits; timeouts are reported.
+Score 1.0 iff every case passes within the sandbox limits; timeouts are reported. A sandbox that
+refuses to run (a required layer missing) or fails to start raises ``RunError``: that is the
+host's fault, not the response's, and must not be trained on as a zero.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rlctl.rewards.sandbox import SandboxLimits, run_python
+from rlctl.errors import RunError
+from rlctl.rewards.sandbox import SandboxLimits, SandboxResult, run_python
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[^\n]*\n(.*?)```", re.DOTALL)
 
@@ -31,6 +34,13 @@ def _same_output(got: str, want: str) -> bool:
     ]
 
 
+def _checked(res: SandboxResult) -> SandboxResult:
+    """The result, or RunError when the sandbox itself refused or failed (not the response's fault)."""
+    if res.error is not None:
+        raise RunError(res.error)
+    return res
+
+
 def code_score(
     data_source: str,
     solution_str: str,
@@ -43,7 +53,7 @@ def code_score(
     if isinstance(ground_truth, dict) and "tests" in ground_truth:
         ground_truth = ground_truth["tests"]
     if isinstance(ground_truth, str):
-        res = run_python(f"{code}\n\n{ground_truth}\n", limits=limits)
+        res = _checked(run_python(f"{code}\n\n{ground_truth}\n", limits=limits))
         passed = int(res.ok)
         return {
             "score": float(passed),
@@ -57,7 +67,7 @@ def code_score(
     cases = list(zip(ground_truth["inputs"], ground_truth["outputs"], strict=True))
     passed, timed_out = 0, False
     for stdin, want in cases:
-        res = run_python(code, stdin=str(stdin), limits=limits)
+        res = _checked(run_python(code, stdin=str(stdin), limits=limits))
         timed_out = timed_out or res.timed_out
         if not res.ok or not _same_output(res.stdout, str(want)):
             break  # all-or-nothing: later cases cannot change the score

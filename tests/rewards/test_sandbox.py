@@ -1,7 +1,7 @@
-"""Sandboxed code execution: hostile snippets are contained and score 0; a normal one scores 1.
+"""Sandboxed code execution: a normal snippet scores 1, limits hold, and missing layers are refused.
 
-CI runs as root, so each test is bounded by pytest-timeout, and the fork bomb runs only when the
-sandbox reports a process limit that binds (a pids cgroup or an unprivileged uid).
+The hostile-snippet corpus is in test_sandbox_hostile.py. Every test is bounded by pytest-timeout;
+where this host lacks a layer ``strict`` needs, the tests that run snippets assert the refusal.
 """
 
 from __future__ import annotations
@@ -11,34 +11,25 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from rlctl.errors import RunError, UserError
+from rlctl.rewards import sandbox as sandbox_mod
 from rlctl.rewards.code import code_score, extract_code
 from rlctl.rewards.manager import build_reward_manager
-from rlctl.rewards.sandbox import SandboxLimits, run_python, sandbox_plan
+from rlctl.rewards.sandbox import SandboxLimits, live_pids_of_uid, require_sandbox, run_python, sandbox_plan
+from rlctl.rewards.sandbox_layers import MOUNT, NET, PID, refusal
 
 pytestmark = pytest.mark.timeout(90)
 PRINTS_OK = {"inputs": [""], "outputs": ["ok"]}
 PLAN = sandbox_plan()
-needs_python = pytest.mark.skipif(PLAN.python is None, reason="no interpreter runs in the sandbox here")
-
-
-def _live_processes_of(uid: int) -> list[int]:
-    """Pids of non-zombie processes owned by ``uid``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = (entry / "status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith("Z"):
-            pids.append(int(entry.name))
-    return pids
+needs_python = pytest.mark.skipif(
+    refusal(PLAN, "strict") is not None, reason=f"strict refuses here: {refusal(PLAN, 'strict')}"
+)
+_live_processes_of = live_pids_of_uid
 
 
 @needs_python
@@ -70,9 +61,13 @@ def test_clean_environment_and_scratch_cwd(monkeypatch):
 
 @needs_python
 def test_scratch_directory_is_removed_and_writable():
-    res = run_python("import os\nopen('f.txt', 'w').write('x')\nprint(os.getcwd())")
+    name = f"rlctl-sbx-test-{uuid.uuid4().hex}.txt"
+    res = run_python(f"import os\nopen('{name}', 'w').write('x')\nopen('/tmp/a{name}', 'w').write('x')\n"
+                     "print(os.getcwd(), len(os.listdir('.')))")  # fmt: skip
     assert res.ok, res.stderr
-    assert not Path(res.stdout.strip()).exists()
+    cwd, count = res.stdout.split()
+    assert count == "4"  # the snippet, the guard and its two files: a fresh private scratch
+    assert not (Path(cwd) / name).exists() and not Path(f"/tmp/a{name}").exists()
 
 
 @needs_python
@@ -125,11 +120,12 @@ def test_fork_bomb_is_contained_and_scores_zero():
 
 @needs_python
 def test_write_outside_scratch_is_refused_by_the_guard(tmp_path):
-    targets = [tmp_path / "pwned.txt", Path(f"/tmp/rlctl-sbx-test-{uuid.uuid4().hex}.txt")]
+    targets = [Path(f"/etc/rlctl-sbx-test-{uuid.uuid4().hex}.txt"), Path(f"/usr/rlctl-{uuid.uuid4().hex}")]
     warm_up = "import os\nfor i in range(50):\n    open(f'f{i}.txt', 'w').write('x')\n    os.listdir('.')\n"
     for target in targets:
         snippet = f"{warm_up}open({str(target)!r}, 'w').write('x')\nprint('ok')"
         assert code_score("code", snippet, PRINTS_OK)["score"] == 0.0
+        assert "sandbox: writing outside the scratch directory" in run_python(snippet).stderr
         assert not target.exists()
         rm = f"import os\nos.remove({str(tmp_path / 'keep.txt')!r})\nprint('ok')"
         (tmp_path / "keep.txt").write_text("x")
@@ -142,7 +138,7 @@ def test_write_outside_scratch_is_refused_by_the_guard(tmp_path):
 
 @needs_python
 def test_guard_holds_in_threads(tmp_path):
-    target = Path(f"/tmp/rlctl-sbx-test-{uuid.uuid4().hex}.txt")
+    target = Path(f"/etc/rlctl-sbx-test-{uuid.uuid4().hex}.txt")
     snippet = (
         "import threading\nerrors = []\n"
         "def work():\n    for _ in range(200):\n        try:\n"
@@ -178,7 +174,7 @@ def test_write_outside_scratch_is_refused_by_the_os(tmp_path):
     target = tmp_path / "pwned.txt"
     snippet = f"open({str(target)!r}, 'w').write('x')\nprint('ok')"
     res = run_python(snippet, limits=SandboxLimits(guard=False))
-    assert not res.ok and "PermissionError" in res.stderr
+    assert not res.ok and ("PermissionError" in res.stderr or "FileNotFoundError" in res.stderr)
     assert not target.exists()
 
 
@@ -242,3 +238,128 @@ def test_reward_manager_counts_sandbox_timeouts():
     assert out.scores == [1.0, 0.0, 0.0, 1.0]
     assert out.metrics["reward/timeouts"] == 1.0 and out.metrics["reward/errors"] == 0.0
     assert out.acc == [1.0, 0.0, 0.0, 1.0]
+
+
+SETSID_GRANDCHILD = (
+    "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(20)\n"
+    "    os._exit(0)\ntime.sleep(0.3)\nprint('ok')\n"
+)
+
+
+def _without(plan, *layers):
+    keys = {PID: "pidns", MOUNT: "mountns", NET: "netns"}
+    why = {name: "unshare: Operation not permitted" for name in layers}
+    return replace(plan, missing_why=why, **{keys[name]: False for name in layers})
+
+
+@pytest.mark.parametrize("layer", [PID, MOUNT, NET])
+def test_strict_refuses_when_a_layer_is_missing(monkeypatch, layer):
+    """A host without a namespace: nothing runs; start and run time say which layer, in one line."""
+    plan = _without(replace(PLAN, python=PLAN.python or "/usr/bin/python3", pidns=True, mountns=True, netns=True,
+                            uid=PLAN.uid if os.geteuid() else 65534, userns=os.geteuid() != 0), layer)  # fmt: skip
+    monkeypatch.setattr(sandbox_mod, "sandbox_plan", lambda user="nobody": plan)
+    monkeypatch.setattr(sandbox_mod, "_run", lambda *a: pytest.fail("a snippet ran without a required layer"))
+    with pytest.raises(UserError) as exc:
+        require_sandbox("strict")
+    msg = str(exc.value)
+    assert "\n" not in msg and f"needs the {layer} layer" in msg and "reward.sandbox = 'best-effort'" in msg
+    res = run_python("print('ok')")
+    assert not res.ok and res.error == f"sandbox refused: {msg}"
+    with pytest.raises(RunError, match=f"needs the {layer} layer"):  # not a silent zero
+        code_score("code", "print('ok')", PRINTS_OK)
+    assert [lay.name for lay in plan.layers() if not lay.active] == [layer]
+    with pytest.raises(UserError, match="expected one of strict, best-effort"):
+        require_sandbox("loose")
+
+
+def test_no_interpreter_is_refused_at_every_level(monkeypatch):
+    plan = replace(PLAN, python=None, missing_why={"interpreter": "exit 126"})
+    monkeypatch.setattr(sandbox_mod, "sandbox_plan", lambda user="nobody": plan)
+    for level in ("strict", "best-effort"):
+        with pytest.raises(UserError, match="no Python interpreter starts in the sandbox"):
+            require_sandbox(level)
+
+
+def _uid_python(plan):
+    """An interpreter the pool uid can run without the mount namespace's view, or None."""
+    for exe in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        p = replace(plan, python=exe, pidns=False, mountns=False, cgroup_base=None)
+        if os.path.exists(exe) and sandbox_mod._try(p) is None:
+            return p
+    return None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(os.geteuid() != 0 or PLAN.uid is None, reason="per-run uids need root")
+def test_best_effort_without_pid_namespace_kills_every_process_of_the_run_uid(monkeypatch):
+    """No pid namespace and no pids cgroup: a setsid() grandchild is found by its uid and killed."""
+    plan = _uid_python(PLAN)
+    if plan is None:
+        pytest.skip("no interpreter the sandbox uid can run outside the mount namespace")
+    monkeypatch.setattr(sandbox_mod, "sandbox_plan", lambda user="nobody": plan)
+    assert refusal(plan, "strict") is not None and refusal(plan, "best-effort") is None
+    assert run_python(SETSID_GRANDCHILD).error.startswith("sandbox refused:")
+    res = run_python(SETSID_GRANDCHILD, limits=SandboxLimits(level="best-effort"))
+    assert res.ok and res.stdout == "ok\n", res.stderr
+    assert res.uid is not None and live_pids_of_uid(res.uid) == []  # today: the grandchild lived on
+
+
+@needs_python
+def test_setsid_grandchild_dies_with_the_pid_namespace():
+    res = run_python(SETSID_GRANDCHILD)
+    assert res.ok and res.stdout == "ok\n", res.stderr
+    assert live_pids_of_uid(res.uid) == []
+
+
+@needs_python
+def test_snippet_is_init_of_its_own_namespaces():
+    res = run_python(
+        "import os, socket\nprint(os.getpid(), os.getppid(), sorted(os.listdir('/')))\n"
+        "print(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n"
+        "print(sorted(os.listdir('/sys/class/net')) if os.path.exists('/sys/class/net') else ['lo'])\n"
+    )
+    assert res.ok, res.stderr
+    ids, procs, _ = res.stdout.splitlines()
+    pid, ppid, *_ = ids.split()
+    assert (pid, ppid) == ("1", "0") and procs == "['1']"
+    assert "home" not in ids and "work" not in ids and "root" not in ids.replace("'root'", "")
+
+
+def test_process_limit_reports_only_limits_that_bind():
+    """Root without a dropped uid and without a pids cgroup: no process limit, and doctor says so."""
+    root_plan = replace(PLAN, uid=None, userns=False, cgroup_base=None)
+    if os.geteuid() == 0:
+        assert not root_plan.process_limit
+        assert not next(lay for lay in root_plan.layers() if lay.name == "process limit").active
+    assert replace(PLAN, cgroup_base="/sys/fs/cgroup/pids").process_limit
+
+
+def test_doctor_reports_each_layer(monkeypatch):
+    from rlctl.doctor.check import Verdict
+    from rlctl.doctor.checks_sandbox import check_sandbox
+
+    rows = {r.name: r for r in check_sandbox()}
+    names = ["pid namespace", "mount namespace", "network namespace", "unprivileged uid", "process limit"]
+    assert [f"sandbox:{n}" for n in names] == list(rows)[:5]
+    for lay in PLAN.layers():
+        assert rows[f"sandbox:{lay.name}"].verdict is (Verdict.PASS if lay.active else Verdict.WARN)
+    plan = _without(PLAN, NET)
+    monkeypatch.setattr(sandbox_mod, "sandbox_plan", lambda user="nobody": plan)
+    net = {r.name: r for r in check_sandbox()}["sandbox:network namespace"]
+    assert net.verdict is Verdict.WARN and "refuse to run at reward.sandbox = 'strict'" in net.reason
+    assert "best-effort" in net.fix
+    monkeypatch.setattr(sandbox_mod, "sandbox_plan", lambda user="nobody": replace(PLAN, python=None))
+    assert [r.verdict for r in check_sandbox()] == [Verdict.FAIL]
+
+
+def test_code_profile_fails_at_load_naming_the_missing_layer(monkeypatch):
+    from rlctl.profile.loader import load_profile
+
+    plan = _without(replace(PLAN, python=PLAN.python or "/usr/bin/python3"), PID)
+    monkeypatch.setattr(sandbox_mod, "sandbox_plan", lambda user="nobody": plan)
+    with pytest.raises(UserError) as exc:
+        load_profile("profiles/tiny-cpu.toml", ["reward.kind=code"])
+    msg = str(exc.value)
+    assert "reward.sandbox: 'strict' needs the pid namespace layer" in msg and "\n" not in msg
+    if refusal(replace(plan, pidns=True), "strict") is None:  # the other layers are here
+        load_profile("profiles/tiny-cpu.toml", ["reward.kind=code", "reward.sandbox=best-effort"])
