@@ -20,7 +20,13 @@ from rlctl.profile import load_profile
     default="auto",
     show_default=True,
     metavar="auto|never|PATH",
-    help="auto: continue from the run's latest checkpoint; never: start fresh; or a checkpoint dir.",
+    help=(
+        "auto: continue from the run's latest checkpoint (fresh if none). never: start fresh; an "
+        "existing RUN_DIR/checkpoints/ and metrics.jsonl are moved aside to checkpoints.prev-<time>/ "
+        "and metrics.prev-<time>.jsonl (logged, never deleted). PATH: continue from that "
+        "RUN_DIR/checkpoints/step_* directory, on any number of devices (sharded state is resharded); "
+        "the run directory's other checkpoints are moved aside unless PATH is its latest."
+    ),
 )
 def train(
     profile_path: str, overrides: tuple[str, ...], output_dir: str | None, max_steps: int | None, resume: str

@@ -20,11 +20,14 @@ def train(
     """Run (or resume) the RL loop the profile describes; returns the last step's metrics."""
     from dataclasses import replace
 
+    from rlctl.trainer.checkpoint import find_resume_point
     from rlctl.trainer.context import build_context
     from rlctl.trainer.loop import Trainer
     from rlctl.trainer.models import materialize_model
 
     run_dir = run_dir_for(profile, output_dir)
+    if resume not in ("auto", "never"):
+        find_resume_point(run_dir, resume)  # a bad --resume PATH fails here, before any worker starts
     run_dir.mkdir(parents=True, exist_ok=True)
     model_path = materialize_model(profile.model.path, run_dir / "base_model", seed=profile.run.seed)
     profile = replace(profile, model=replace(profile.model, path=model_path))
