@@ -1,92 +1,87 @@
-"""Score a batch of responses with one scorer; a failing or slow sample scores 0, never the run.
+"""Score a batch of responses with one scorer; a failing sample scores 0, a failing scorer stops the run.
 
 Scorers have verl's signature ``f(data_source, solution_str, ground_truth, extra_info)`` and
 return a float or a dict with ``"score"`` (other keys are passed through per sample; ``"acc"`` and
-``"timed_out"`` are understood). A sample whose scorer raises scores 0 and counts in
-``reward/errors``; one that runs past ``timeout_s`` (or reports ``timed_out``) scores 0 and counts
-in ``reward/timeouts``. Slow samples are left running on daemon threads and abandoned.
+``"timed_out"`` are understood). A sample whose scorer raises (or returns something unusable:
+no ``score``, not finite) scores 0 and counts in ``reward/errors``; one that runs past
+``timeout_s`` (or reports ``timed_out``) scores 0 and counts in ``reward/timeouts``.
+
+Where the work runs:
+- custom and math scorers (and any scorer given a ``timeout_s``): a pool of worker processes
+  (``rlctl.rewards.pool``); a sample past its limit is killed with its process, which is replaced;
+- code: threads that each wait on one sandboxed subprocess (the sandbox bounds and kills it);
+- builtin, exact, numeric: inline (microseconds per sample, nothing to bound).
+
+Errors are a scorer's bug, not the policy's doing, so they are bounded: when more than
+``max_error_rate`` of one scoring pass raise, ``score`` raises RunError whose first line names
+the scorer, the count and the first error, followed by that sample's full traceback. Timeouts
+are not counted against it: a response can legitimately make a verifier slow (a pathological
+expression for math-verify, an endless loop in a code answer), and such a response earns 0.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import queue
-import threading
-import time
+import traceback
+import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlctl.errors import UserError
+from rlctl.errors import RunError, UserError
 from rlctl.log import get_logger
 from rlctl.rewards.code import code_score
 from rlctl.rewards.custom import load_custom_reward
+from rlctl.rewards.pool import Outcome, ScorerPool, describe
 from rlctl.rewards.sandbox import SandboxLimits
-from rlctl.rewards.verifiers import VERIFIERS
+from rlctl.rewards.verifiers import VERIFIERS, load_verifier
 
 KINDS = ("builtin", "exact", "numeric", "math", "custom", "code", "reward_model")
 VERIFIER_KINDS = ("builtin", "exact", "numeric", "math", "code")  # 0/1 scores: acc = score
+# One scorer error in ten samples is already far above what a correct scorer produces (none), yet
+# leaves room for a rare parser failure on a garbled response; past it, a tenth of the batch would
+# train on made-up zeros, which bends every group's advantages. 0 = no error allowed, 1 = never stop.
+DEFAULT_MAX_ERROR_RATE = 0.1
 
 
 @dataclass
 class RewardOutput:
-    """Per-sample scores (and acc when the scorer is a verifier), extra per-sample keys, batch metrics."""
+    """Per-sample scores, acc (verifiers and scorers that report it), extra keys, batch metrics.
+
+    ``signal_acc`` is what dynamic sampling filters on under its default metric ``acc``: the
+    scorer's own acc where it reports one (verifiers: their 0/1 score), else its score -- as
+    verl's DAPO reward manager stores a float result as ``acc``.
+    """
 
     scores: list[float]
     acc: list[float] | None
     extra: dict[str, list[Any]] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    signal_acc: list[float] = field(default_factory=list)
 
 
-def _run_all(calls: list[Callable[[], Any]], workers: int, timeout_s: float | None) -> list[tuple[str, Any]]:
-    """Run calls on up to ``workers`` daemon threads; each ends as ("ok"|"error"|"timeout", value)."""
-    n = len(calls)
-    status: list[tuple[str, Any] | None] = [None] * n
-    started: list[float | None] = [None] * n
-    todo: queue.SimpleQueue[int] = queue.SimpleQueue()
-    for i in range(n):
-        todo.put(i)
-    lock, wake = threading.Lock(), threading.Event()
+def _call_inline(fn: Callable[..., Any], args: tuple[Any, ...]) -> Outcome:
+    try:
+        return Outcome("ok", fn(*args))
+    except Exception as exc:  # a scorer's bug or bad input: that sample scores 0
+        return Outcome("error", reason=describe(exc), traceback=traceback.format_exc())
 
-    def worker() -> None:
-        while True:
-            try:
-                i = todo.get_nowait()
-            except queue.Empty:
-                return
-            started[i] = time.monotonic()
-            try:
-                out: tuple[str, Any] = ("ok", calls[i]())
-            except Exception as exc:  # a scorer's bug or bad input: that sample scores 0
-                out = ("error", exc)
-            with lock:
-                if status[i] is None:
-                    status[i] = out
-            wake.set()
 
-    def spawn() -> None:
-        threading.Thread(target=worker, daemon=True, name="rlctl-reward").start()
+class _Returns:
+    """A picklable loader for a scorer that is already a plain (importable) function."""
 
-    for _ in range(min(workers, n)):
-        spawn()
-    while True:
-        wake.wait(0.01)
-        wake.clear()
-        with lock:
-            now = time.monotonic()
-            for i in range(n):
-                t0 = started[i]
-                if status[i] is None and timeout_s is not None and t0 is not None and now - t0 > timeout_s:
-                    status[i] = ("timeout", None)
-                    spawn()  # replace the thread stuck on this sample
-            if all(s is not None for s in status):
-                return [s for s in status if s is not None]
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self) -> Callable[..., Any]:
+        return self.fn
 
 
 class RewardManager:
-    """Applies one scorer to batches; counts errors and timeouts (per batch and in total)."""
+    """Applies one scorer to batches. Holds no per-batch state: ``score`` returns the metrics."""
 
     def __init__(
         self,
@@ -95,15 +90,31 @@ class RewardManager:
         timeout_s: float | None = None,
         num_workers: int = 1,
         reward_model: Any = None,
+        *,
+        loader: Callable[[], Callable[..., Any]] | None = None,
+        name: str | None = None,
+        max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
     ) -> None:
         if kind not in KINDS:
             raise UserError(f"reward kind {kind!r} unknown; expected one of: {', '.join(KINDS)}")
         self.fn, self.kind, self.timeout_s = fn, kind, timeout_s
         self.num_workers = max(1, num_workers)
         self.reward_model = reward_model
-        self.errors_total = 0
-        self.timeouts_total = 0
+        self.name = name or kind
+        self.max_error_rate = max_error_rate
         self.log = get_logger("rlctl.reward", kind=kind)
+        self.pool: ScorerPool | None = None
+        if kind != "reward_model" and (loader is not None or timeout_s is not None):
+            if loader is None:
+                assert fn is not None
+                loader = _Returns(fn)
+            self.pool = ScorerPool(loader, self.num_workers, timeout_s, self.name)
+            weakref.finalize(self, self.pool.close)
+
+    def close(self) -> None:
+        """Stop the scorer processes (they also end with the driver)."""
+        if self.pool is not None:
+            self.pool.close()
 
     def score(
         self,
@@ -121,73 +132,89 @@ class RewardManager:
         if self.kind == "reward_model":
             results = self._score_with_model(list(prompts or []), list(solutions))
         else:
-            fn = self.fn
-            assert fn is not None
-            calls = [
-                functools.partial(fn, ds, sol, gt, ei)
-                for ds, sol, gt, ei in zip(data_sources, solutions, ground_truths, extra_infos, strict=True)
-            ]
-            if self.timeout_s is None and self.num_workers == 1:
-                results = []
-                for call in calls:
-                    try:
-                        results.append(("ok", call()))
-                    except Exception as exc:
-                        results.append(("error", exc))
+            calls = list(zip(data_sources, solutions, ground_truths, extra_infos, strict=True))
+            if self.pool is not None:
+                results = self.pool.run(calls)
+            elif self.num_workers > 1:
+                fn = self.fn
+                assert fn is not None
+                with ThreadPoolExecutor(self.num_workers, thread_name_prefix="rlctl-reward") as ex:
+                    results = list(ex.map(functools.partial(_call_inline, fn), calls))
             else:
-                results = _run_all(calls, self.num_workers, self.timeout_s)
+                fn = self.fn
+                assert fn is not None
+                results = [_call_inline(fn, args) for args in calls]
         return self._collect(results, data_sources)
 
     __call__ = score
 
-    def _score_with_model(self, prompts: list[Any], solutions: list[str]) -> list[tuple[str, Any]]:
+    def _score_with_model(self, prompts: list[Any], solutions: list[str]) -> list[Outcome]:
         if len(prompts) != len(solutions):
-            return [("error", ValueError("the reward_model kind needs the prompts"))] * len(solutions)
+            return [Outcome("error", reason="ValueError: the reward_model kind needs the prompts")] * len(
+                solutions
+            )
         try:
-            return [("ok", s) for s in self.reward_model.score(prompts, solutions)]
+            return [Outcome("ok", s) for s in self.reward_model.score(prompts, solutions)]
         except Exception as exc:
-            return [("error", exc)] * len(solutions)
+            return [Outcome("error", reason=describe(exc), traceback=traceback.format_exc())] * len(solutions)
 
-    def _collect(self, results: list[tuple[str, Any]], data_sources: Sequence[str]) -> RewardOutput:
+    def _collect(self, results: list[Outcome], data_sources: Sequence[str]) -> RewardOutput:
         scores: list[float] = []
         accs: list[float] = []
+        signal: list[float] = []
         extra: dict[str, list[Any]] = {}
         errors = timeouts = 0
-        first_error: str | None = None
-        for i, (status, value) in enumerate(results):
-            score, acc, info = 0.0, 0.0, {}
-            if status == "ok":
+        first: Outcome | None = None
+        first_source = ""
+        for i, res in enumerate(results):
+            score, acc, reported, info = 0.0, 0.0, None, {}
+            if res.status == "ok":
                 try:
-                    score, acc, info = self._interpret(value)
+                    score, reported, info = self._interpret(res.value)
+                    acc = reported if reported is not None else float(score >= 1.0)
                 except (TypeError, ValueError) as exc:
-                    status, value = "error", exc
-            if status == "error":
+                    res = Outcome("error", reason=describe(exc), traceback=f"result: {res.value!r}")
+            if res.status == "error":
                 errors += 1
-                first_error = first_error or f"{data_sources[i]}: {type(value).__name__}: {value}"
-            elif status == "timeout" or info.get("timed_out"):
+                if first is None:
+                    first, first_source = res, data_sources[i]
+            elif res.status == "timeout" or info.get("timed_out"):
                 timeouts += 1
                 score = acc = 0.0
+                reported = None
             scores.append(score)
             accs.append(acc)
+            signal.append(reported if reported is not None else score)
             for k, v in info.items():
                 extra.setdefault(k, [None] * len(results))[i] = v
-        self.errors_total += errors
-        self.timeouts_total += timeouts
-        if first_error:
-            self.log.warning("reward function failed; scored 0", errors=errors, first=first_error)
-        n = max(1, len(scores))
+        n = len(scores)
+        if first is not None:
+            headline = (
+                f"reward {self.name}: {errors} of {n} samples raised; "
+                f"first ({first_source}): {first.reason}".replace("\n", " ")
+            )
+            if errors > self.max_error_rate * n:
+                detail = (
+                    f"\n--- first failing sample's traceback ---\n{first.traceback}"
+                    if first.traceback
+                    else ""
+                )
+                raise RunError(
+                    f"{headline} (above reward.max_error_rate = {self.max_error_rate:g}){detail}".rstrip()
+                )
+            self.log.warning("reward function failed on some samples; they scored 0", detail=headline)
         metrics = {
             "reward/errors": float(errors),
             "reward/timeouts": float(timeouts),
-            "reward/mean": sum(scores) / n,
+            "reward/mean": sum(scores) / max(1, n),
         }
         has_acc = self.kind != "reward_model"
         if has_acc:
-            metrics["reward/acc"] = sum(accs) / n
-        return RewardOutput(scores, accs if has_acc else None, extra, metrics)
+            metrics["reward/acc"] = sum(accs) / max(1, n)
+        return RewardOutput(scores, accs if has_acc else None, extra, metrics, signal)
 
-    def _interpret(self, value: Any) -> tuple[float, float, dict[str, Any]]:
-        """(score, acc, other keys) of one scorer result; ValueError/TypeError if unusable."""
+    def _interpret(self, value: Any) -> tuple[float, float | None, dict[str, Any]]:
+        """(score, the scorer's own acc or None, other keys) of one result; ValueError/TypeError if unusable."""
         info: dict[str, Any] = {}
         if isinstance(value, dict):
             if "score" not in value:
@@ -198,8 +225,18 @@ class RewardManager:
         if not math.isfinite(score):
             raise ValueError(f"reward is not finite: {score}")
         acc = info.pop("acc", None)
-        acc = float(acc) if acc is not None else float(score >= 1.0)
+        if acc is not None:
+            acc = float(acc)
+        elif self.kind in VERIFIER_KINDS:
+            acc = score
         return score, acc, info
+
+
+def default_workers() -> int:
+    """Scorer processes (custom, math) and concurrent sandboxes (code) when the profile says 0."""
+    import os
+
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 def build_reward_manager(
@@ -211,33 +248,50 @@ def build_reward_manager(
     timeout_s: float | None = None,
     num_workers: int | None = None,
     device: str = "cpu",
+    max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
 ) -> RewardManager:
     """The RewardManager a profile asks for.
 
     kind: builtin (built-in task verifiers by data_source) | exact | numeric | math |
     custom (``function="path/file.py:name"``) | code (sandboxed execution) |
     reward_model (``model_path``: a local sequence-classification model).
-    Defaults: builtin/exact/numeric run inline; math and custom get a 10 s per-sample timeout;
-    code runs 4 samples at once, each bounded by the sandbox.
+    Defaults: builtin/exact/numeric run inline; math and custom run in ``num_workers`` scorer
+    processes with a 10 s per-sample timeout; code runs ``num_workers`` sandboxes at once.
     """
+    workers = num_workers or default_workers()
+    common: dict[str, Any] = {"max_error_rate": max_error_rate}
     if kind == "custom":
         if not function:
             raise UserError("reward kind 'custom' needs reward.function = 'path/to/file.py:name'")
-        fn: Callable[..., Any] | None = load_custom_reward(function, base_dir)
+        fn: Callable[..., Any] | None = load_custom_reward(function, base_dir)  # checked here, loud
+        resolved = function if base_dir is None else str(_resolve_spec(function, base_dir))
+        loader = functools.partial(load_custom_reward, resolved)
         timeout_s = 10.0 if timeout_s is None else timeout_s
-    elif kind == "code":
+        return RewardManager(fn, kind, timeout_s, workers, loader=loader, name=function, **common)
+    if kind == "code":
         fn = functools.partial(code_score, limits=sandbox or SandboxLimits())
-        num_workers = num_workers or 4
-    elif kind == "reward_model":
+        return RewardManager(fn, kind, None, workers, name="code (sandbox)", **common)
+    if kind == "reward_model":
         if not model_path:
             raise UserError("reward kind 'reward_model' needs reward.model_path = a local model directory")
         from rlctl.rewards.reward_model import RewardModelScorer
 
-        return RewardManager(None, kind, reward_model=RewardModelScorer(model_path, device=device))
-    elif kind in VERIFIERS:
-        fn = VERIFIERS[kind]
-        if kind == "math":
-            timeout_s = 10.0 if timeout_s is None else timeout_s
-    else:
-        raise UserError(f"reward kind {kind!r} unknown; expected one of: {', '.join(KINDS)}")
-    return RewardManager(fn, kind, timeout_s=timeout_s, num_workers=num_workers or 1)
+        scorer = RewardModelScorer(model_path, device=device)
+        return RewardManager(None, kind, reward_model=scorer, name=f"reward_model {model_path}", **common)
+    if kind == "math":
+        timeout_s = 10.0 if timeout_s is None else timeout_s
+        loader = functools.partial(load_verifier, "math")
+        return RewardManager(VERIFIERS[kind], kind, timeout_s, workers, loader=loader, name="math", **common)
+    if kind in VERIFIERS:
+        return RewardManager(VERIFIERS[kind], kind, timeout_s, 1, name=kind, **common)
+    raise UserError(f"reward kind {kind!r} unknown; expected one of: {', '.join(KINDS)}")
+
+
+def _resolve_spec(spec: str, base_dir: str | Path) -> str:
+    """``file.py:name`` with a relative file made absolute against ``base_dir``."""
+    from rlctl.rewards.custom import parse_function_spec
+
+    path, name = parse_function_spec(spec)
+    if not path.is_absolute():
+        path = Path(base_dir) / path
+    return f"{path.resolve()}:{name}"

@@ -48,8 +48,9 @@ def numeric_match(
 def math_match(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
     """1.0 iff math-verify finds the response's final answer equal to the ground truth.
 
-    math-verify bounds its own work with SIGALRM, which only the main thread may use; elsewhere
-    its timeouts are switched off and the caller (RewardManager) bounds the time instead.
+    math-verify bounds its own work with SIGALRM, which only the main thread may use: in a scorer
+    process (``rlctl.rewards.pool``, where the RewardManager runs it) that is where it runs; in
+    any other thread its timeouts are switched off and the caller must bound the time.
     """
     from math_verify import parse, verify
 
@@ -82,3 +83,8 @@ VERIFIERS = {
     "numeric": numeric_match,
     "math": math_match,
 }
+
+
+def load_verifier(name: str) -> Any:
+    """The verifier named ``name`` (a picklable loader for scorer processes)."""
+    return VERIFIERS[name]

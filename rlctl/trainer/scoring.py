@@ -11,9 +11,19 @@ from rlctl.dispatch import DataProto
 from rlctl.rewards.manager import RewardManager
 from rlctl.trainer.stages import token_level_scores
 
+# What score() returns besides the batch: per-pass counts, so a caller that scores several times
+# in one step (DAPO rounds, ReMax's baseline) adds them up.
+COUNT_METRICS = ("reward/errors", "reward/timeouts")
+
 
 class BatchScorer:
-    """Adds ``scores``, ``acc`` (verifiers) and ``token_level_scores`` to a generated batch."""
+    """Adds the reward columns to a generated batch:
+
+    - ``raw_scores``: the scorer's score;
+    - ``scores``: the training reward, ``raw_scores`` plus DAPO's overlong penalty when shaping is on;
+    - ``acc`` (verifiers and scorers that report it) and ``signal_acc`` (see RewardOutput);
+    - ``token_level_scores``: ``scores`` on each response's last token.
+    """
 
     def __init__(
         self,
@@ -29,7 +39,6 @@ class BatchScorer:
         self.max_new_tokens = max_new_tokens
         self.overlong_buffer = overlong_buffer
         self.overlong_penalty_factor = overlong_penalty_factor
-        self._metrics: dict[str, float] = {}
 
     def decode(self, batch: DataProto) -> list[str]:
         responses, mask = batch.batch["responses"], batch.batch["response_mask"].bool()
@@ -37,7 +46,12 @@ class BatchScorer:
             [row[m].tolist() for row, m in zip(responses, mask, strict=True)], skip_special_tokens=True
         )
 
-    def score(self, batch: DataProto) -> DataProto:
+    def score(self, batch: DataProto, *, shaping: bool = True) -> tuple[DataProto, dict[str, float]]:
+        """The batch with its reward columns, and this pass's error/timeout counts.
+
+        ``shaping=False`` (validation, evaluation) leaves out training-time reward shaping, so
+        ``scores`` is what the scorer gave.
+        """
         nt = batch.non_tensor
         out = self.manager.score(
             list(nt["data_source"]),
@@ -46,25 +60,27 @@ class BatchScorer:
             list(nt["extra_info"]),
             prompts=list(nt["raw_prompt"]) if "raw_prompt" in nt else None,
         )
-        scores = torch.tensor(out.scores, dtype=torch.float32)
-        tensors: dict[str, torch.Tensor] = {}
+        raw = torch.tensor(out.scores, dtype=torch.float32)
+        tensors: dict[str, torch.Tensor] = {
+            "raw_scores": raw,
+            "signal_acc": torch.tensor(out.signal_acc, dtype=torch.float32),
+        }
         if out.acc is not None:
             tensors["acc"] = torch.tensor(out.acc, dtype=torch.float32)
-        if self.overlong_buffer > 0:
+        scores = raw
+        if shaping and self.overlong_buffer > 0:
             lengths = batch.batch["response_mask"].sum(-1)
-            scores = scores + overlong_penalty(
+            scores = raw + overlong_penalty(
                 lengths, self.max_new_tokens, self.overlong_buffer, self.overlong_penalty_factor
             )
         tensors["scores"] = scores
         tensors["token_level_scores"] = token_level_scores(scores, batch.batch["response_mask"])
-        # The manager's error/timeout counters; score and accuracy come from batch_metrics.
-        self._metrics = {
-            f"reward/{k.removeprefix('reward/')}": float(v)
-            for k, v in out.metrics.items()
-            if "error" in k or "timeout" in k
-        }
-        return batch.union(DataProto.from_dict(tensors=tensors))
+        metrics = {k: float(out.metrics.get(k, 0.0)) for k in COUNT_METRICS}
+        return batch.union(DataProto.from_dict(tensors=tensors)), metrics
 
-    def last_metrics(self) -> dict[str, float]:
-        """Error/timeout counts of the last scored batch."""
-        return dict(self._metrics)
+
+def add_counts(total: dict[str, float], more: dict[str, float]) -> dict[str, float]:
+    """``total`` with ``more``'s counts added key by key (in place; returned for chaining)."""
+    for k, v in more.items():
+        total[k] = total.get(k, 0.0) + v
+    return total

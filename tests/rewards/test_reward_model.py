@@ -26,7 +26,7 @@ def test_scores_are_per_sample_and_independent_of_batch_padding(rm_path):
 
 
 def test_manager_with_reward_model(rm_path):
-    mgr = build_reward_manager("reward_model", model_path=rm_path)
+    mgr = build_reward_manager("reward_model", model_path=rm_path, max_error_rate=1.0)
     out = mgr.score(["s", "s"], ["2", "3"], ["2", "2"], prompts=[PROMPT, PROMPT])
     assert out.acc is None and len(out.scores) == 2 and out.metrics["reward/errors"] == 0
     missing = mgr.score(["s"], ["2"], ["2"])  # no prompts: counted as an error, not a crash
