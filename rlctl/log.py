@@ -14,6 +14,17 @@ import structlog
 _configured = False
 
 
+class _CurrentStderr:
+    """Whatever ``sys.stderr`` is at write time, so loggers made earlier never write to a stream
+    that was swapped out and closed since (redirections, test capture)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(fmt: str = "auto", level: str = "info") -> None:
     """Configure structlog once per process; ``fmt`` is auto|console|json."""
     global _configured
@@ -31,7 +42,7 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=False,
     )
     _configured = True

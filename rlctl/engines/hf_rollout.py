@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rlctl.engines.fingerprint import fingerprint_views
 from rlctl.engines.hf_model import cache_kwarg, load_causal_lm, output_cache, supports_logits_to_keep
 from rlctl.engines.logprob import position_ids_from_mask, scaled_log_softmax
 from rlctl.engines.registry import register_engine
@@ -180,6 +181,15 @@ class HFRolloutEngine:
             target.copy_(tensor.to(device=target.device, dtype=target.dtype))
             count += 1
         return count
+
+    def weight_fingerprint(
+        self, spec: Sequence[tuple[str, tuple[int, ...]]]
+    ) -> dict[str, tuple[float, float, str] | None]:
+        """Fingerprints (:mod:`rlctl.engines.fingerprint`) of the HF-named tensors in ``spec``, read
+        from the model's own parameters; None for a name the model lacks or holds in another shape."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        params.update(dict(self.model.named_buffers()))
+        return fingerprint_views(spec, lambda name, shape: params.get(name))
 
     def log_prob_gap(self, *, temperature: float, top_p: float, top_k: int) -> str | None:
         """Always exact: ``rollout_log_probs`` are ``log_softmax(logits / T)`` before truncation."""

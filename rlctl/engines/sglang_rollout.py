@@ -205,6 +205,17 @@ class SGLangRolloutEngine:
             _checked(self.engine.end_weight_update(), "end_weight_update")
         return count
 
+    def weight_fingerprint(self, spec: Sequence[tuple[str, tuple[int, ...]]]) -> None:
+        """None: SGLang offers no cheap read of its weights, so the sync check is not available.
+
+        ``Engine.get_weights_by_name(name, truncate_size)`` (0.5.3 and 0.5.23,
+        ``sglang/srt/entrypoints/engine.py``) is one request per tensor, copies the whole tensor
+        to the host as a Python list before truncating it (``models/llama.py``: ``.tolist()[:n]``)
+        and exists only on a few model classes (Llama, Granite, OPT, Exaone4; not Qwen2), and
+        ``Engine.collective_rpc`` returns nothing.
+        """
+        return None
+
     def _load(self, bucket: list[tuple[str, torch.Tensor]], *, flush_cache: bool) -> None:
         result = self.engine.update_weights_from_tensor(
             named_tensors=bucket, load_format=None, flush_cache=flush_cache

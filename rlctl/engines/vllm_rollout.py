@@ -36,6 +36,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from rlctl.engines.external_version import accepts, init_fields, installed_version, only_known, release
+from rlctl.engines.fingerprint import fingerprint_views
 from rlctl.engines.registry import register_engine
 from rlctl.engines.rollout_batch import (
     assemble_rollout,
@@ -60,6 +61,48 @@ class RlctlWorkerExtension:
         """Load HF-named tensors into the worker's model in place; returns how many were given."""
         self.model_runner.model.load_weights(weights=weights)
         return len(weights)
+
+    def rlctl_weight_fingerprint(
+        self, spec: list[tuple[str, tuple[int, ...]]]
+    ) -> dict[str, tuple[float, float, str] | None]:
+        """Fingerprints of HF-named tensors read from the worker's model (see :func:`vllm_view`)."""
+        model = self.model_runner.model
+        params = dict(model.named_parameters(remove_duplicate=False))
+        return fingerprint_views(spec, lambda name, shape: vllm_view(model, params, name, shape))
+
+
+def vllm_view(model, params: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]):
+    """The part of a vLLM parameter that holds HF tensor ``name`` (rollout TP 1), or None.
+
+    vLLM merges q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``, named in the model
+    class's ``packed_modules_mapping`` (``vllm/model_executor/models/qwen2.py``, ``llama.py``, 0.10.2
+    and 0.33.0), stacked along the output dim (dim 0) in the sizes of the merged layer's
+    ``output_sizes`` (``vllm/model_executor/layers/linear.py``: ``MergedColumnParallelLinear``,
+    ``QKVParallelLinear``), and pads the vocab rows of ``VocabParallelEmbedding`` / ``ParallelLMHead``
+    to a multiple of 64 (``vocab_parallel_embedding.py``). Layouts beyond these (renamed prefixes,
+    quantised or repacked weights) give None: the check then reports "not available", never "ok".
+    """
+    param = params.get(name)
+    if param is None:
+        module_path, _, leaf = name.rpartition(".")
+        prefix, _, sub = module_path.rpartition(".")
+        for fused, parts in (getattr(model, "packed_modules_mapping", None) or {}).items():
+            if sub not in parts:
+                continue
+            fused_path = f"{prefix}.{fused}" if prefix else fused
+            merged = params.get(f"{fused_path}.{leaf}")
+            try:
+                sizes = list(model.get_submodule(fused_path).output_sizes)
+            except (AttributeError, TypeError):
+                return None
+            if merged is None or len(sizes) != len(parts) or sum(sizes) != merged.shape[0]:
+                return None
+            i = parts.index(sub)
+            return merged.narrow(0, sum(sizes[:i]), sizes[i])
+        return None
+    if param.dim() == len(shape) and param.shape[1:] == shape[1:] and param.shape[0] > shape[0]:
+        return param.narrow(0, 0, shape[0])  # padded vocab rows
+    return param
 
 
 def _import_vllm():
@@ -229,6 +272,16 @@ class VLLMRolloutEngine:
             count += len(bucket)
         self.llm.reset_prefix_cache()
         return count
+
+    def weight_fingerprint(
+        self, spec: Sequence[tuple[str, tuple[int, ...]]]
+    ) -> dict[str, tuple[float, float, str] | None]:
+        """Fingerprints of the HF-named tensors in ``spec``, computed inside the vLLM worker over
+        ``model_runner.model.named_parameters()`` (:meth:`RlctlWorkerExtension.rlctl_weight_fingerprint`)."""
+        results = self.llm.collective_rpc("rlctl_weight_fingerprint", args=([tuple(s) for s in spec],))
+        if not results:
+            raise RunError("vLLM collective_rpc('rlctl_weight_fingerprint') returned no result")
+        return results[0]
 
     def sleep(self) -> None:
         """Level 1: the weights go to CPU (restored by wake), the KV cache is dropped."""

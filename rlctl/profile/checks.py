@@ -38,6 +38,29 @@ def check_profile(profile: Profile, origins: dict[str, Path]) -> None:
         fail("reward.function", f"set, but reward.kind is {reward.kind!r} (use kind = 'custom')")
     if reward.kind == "reward_model" and not reward.model_path:
         fail("reward.model_path", "required when reward.kind = 'reward_model'")
+    if reward.kind == "code":  # probes this host's sandbox layers (cached): refuse before any work
+        from rlctl.rewards.sandbox import require_sandbox
+
+        try:
+            require_sandbox(reward.sandbox)
+        except UserError as exc:
+            fail(
+                "reward.sandbox", str(exc).removeprefix("reward.sandbox = ").removeprefix("reward.sandbox: ")
+            )
+    algo, max_new = profile.algorithm, profile.rollout.max_new_tokens
+    if algo.overlong_buffer and algo.overlong_buffer >= max_new:
+        fail(
+            "algorithm.overlong_buffer",
+            f"{algo.overlong_buffer} must be below rollout.max_new_tokens ({max_new}): the penalty ramps "
+            f"from max_new_tokens - overlong_buffer, so every response would be penalised (verl's DAPO "
+            f"recipe: 4096 of 20480, a fifth)",
+        )
+    if algo.dynamic_sampling and profile.rollout.n < 2:
+        fail(
+            "algorithm.dynamic_sampling",
+            f"needs rollout.n >= 2 (got {profile.rollout.n}): groups of one are always kept, as verl, "
+            "so it would filter nothing",
+        )
     if profile.algorithm.adv_estimator == "remax" and profile.rollout.n < 1:
         fail("rollout.n", "remax needs at least one sample per prompt")
     for name in profile.trainer.loggers:

@@ -80,7 +80,15 @@ class AlgorithmSection:
     kl_coef: float = field(0.001, "In-reward KL coefficient (initial value when adaptive).", ge=0)
     kl_target: float = field(0.1, "Adaptive KL controller target.", gt=0)
     kl_horizon: int = field(10000, "Adaptive KL controller horizon.", ge=1)
-    dynamic_sampling: bool = field(False, "DAPO: drop groups whose rewards are all equal, resample.")
+    dynamic_sampling: bool = field(
+        False, "DAPO: keep only groups whose dynamic_sampling_metric varies, resample to fill the batch."
+    )
+    dynamic_sampling_metric: str = field(
+        "acc",
+        "DAPO: what a group must vary in (verl's filter_groups.metric): acc (the scorer's accuracy, "
+        "else its score), score (the scorer's score), seq_reward (score with overlong shaping).",
+        choices=("acc", "score", "seq_reward"),
+    )
     max_sampling_rounds: int = field(3, "DAPO: generation rounds allowed to fill one batch.", ge=1)
     overlong_buffer: int = field(0, "DAPO overlong shaping: penalty ramp length in tokens (0 = off).", ge=0)
     overlong_penalty: float = field(1.0, "DAPO overlong shaping: maximum penalty.", ge=0)
@@ -167,6 +175,26 @@ class RewardSection:
     model_path: str = field("", "Reward model directory (kind = reward_model).", path=True)
     timeout_s: float = field(5.0, "Per-sample time limit for function/code rewards.", gt=0)
     memory_mb: int = field(512, "Memory limit for sandboxed code rewards.", ge=16)
+    sandbox: str = field(
+        "strict",
+        "Code-reward sandbox level: strict (run snippets only inside pid, mount and network namespaces "
+        "as an unprivileged uid; else kind = code fails at start naming the missing layer) or "
+        "best-effort (use the layers this host has; rlctl doctor lists them).",
+        choices=("strict", "best-effort"),
+    )
+    max_error_rate: float = field(
+        0.1,
+        "Fraction of one scoring pass's samples whose reward function may raise before the step "
+        "fails (naming the function, the count and the first traceback; timeouts are not errors).",
+        ge=0,
+        le=1,
+    )
+    workers: int = field(
+        0,
+        "Scorer processes for custom/math rewards (a timeout kills and replaces one), concurrent "
+        "sandboxes for code rewards; 0 = min(4, CPU count).",
+        ge=0,
+    )
 
 
 @dataclass
@@ -179,6 +207,13 @@ class TrainerSection:
     keep_checkpoints: int = field(2, "Checkpoints kept (older ones are deleted).", ge=1)
     export_hf: bool = field(True, "Export the final policy in HF format.")
     loggers: list[str] = field(["console", "jsonl"], "Metric sinks: console, jsonl, tensorboard, wandb.")
+    max_log_prob_gap: float = field(
+        1.0,
+        "Fail the step when rollout/log_prob_diff_mean (mean absolute rollout-vs-trainer log-prob "
+        "difference per token, nats) exceeds this; healthy bf16 engine pairs measure 0.005-0.34 "
+        "(0 = off).",
+        ge=0,
+    )
 
 
 @dataclass

@@ -20,7 +20,9 @@ def scorer_for(profile: Profile, tokenizer: Any) -> BatchScorer:
         function=rw.function or None,
         model_path=rw.model_path or None,
         timeout_s=rw.timeout_s if rw.kind in ("custom", "math") else None,
-        sandbox=SandboxLimits(timeout_s=rw.timeout_s, memory_mb=rw.memory_mb),
+        sandbox=SandboxLimits(timeout_s=rw.timeout_s, memory_mb=rw.memory_mb, level=rw.sandbox),
+        num_workers=rw.workers or None,
+        max_error_rate=rw.max_error_rate,
     )
     return BatchScorer(
         tokenizer,
@@ -39,7 +41,10 @@ def greedy_accuracy(
     max_new_tokens: int,
     chunk: int = 512,
 ) -> dict[str, float]:
-    """Generate greedily with a rollout engine and score; returns accuracy and mean score."""
+    """Generate greedily with a rollout engine and score; returns accuracy and mean score.
+
+    Scored without training-time shaping (DAPO's overlong penalty): the scorer's own scores.
+    """
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     parts = []
     for start in range(0, len(prompts), chunk):
@@ -52,7 +57,8 @@ def greedy_accuracy(
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=pad,
         )
-        parts.append(scorer.score(DataProto.from_dict(tensors=out, non_tensors=part.non_tensor)))
+        scored, _ = scorer.score(DataProto.from_dict(tensors=out, non_tensors=part.non_tensor), shaping=False)
+        parts.append(scored)
     batch = DataProto.concat(parts)
     result = {"score_mean": batch.batch["scores"].float().mean().item(), "n": float(len(batch))}
     if "acc" in batch.batch:

@@ -27,6 +27,7 @@ from rlctl.profile import profile_to_dict
 from rlctl.tracking import Tracker
 from rlctl.trainer import checkpoint
 from rlctl.trainer.context import RunContext
+from rlctl.trainer.fingerprint import LogProbGapAlarm, merge_sync_metrics, skipped_tensor
 from rlctl.trainer.minibatch import layout_mini_batches
 from rlctl.trainer.stages import (
     StageTimer,
@@ -49,6 +50,7 @@ class Trainer:
         self.p = ctx.profile
         self.total_steps = min(self.p.trainer.steps, max_steps or self.p.trainer.steps)
         self.resume = resume
+        self.lineage = checkpoint.new_lineage()  # replaced by _restore's plan
         self.step = 0  # the last completed step
         self.stop_requested = False
         self.train_time_s = 0.0
@@ -140,13 +142,14 @@ class Trainer:
                 )
         with timer("update_actor"):
             metrics.update(mean_metrics(self.ctx.policy.update_actor(self._laid_out(batch, self.ctx.policy))))
-        with timer("sync"):
-            self.ctx.policy.sync_weights()
+        with timer("sync"):  # then the check that the rollout engine holds the new weights
+            sync_metrics = merge_sync_metrics(self.ctx.policy.sync_weights(step, skipped_tensor(step)))
         step_s = time.perf_counter() - start
         self.train_time_s += step_s
         tokens = float(batch.batch["attention_mask"].sum())
         metrics.update(adv_metrics)
         metrics.update(batch_metrics(batch, self.p.rollout.max_new_tokens))
+        metrics.update(self._checked_sync(sync_metrics, metrics, step))
         metrics.update(timer.metrics())
         metrics.update(
             {"time/step": step_s, "train_time_s": self.train_time_s, "perf/tokens_per_s": tokens / step_s}
@@ -155,10 +158,23 @@ class Trainer:
 
     # -- stages ------------------------------------------------------------------------------------
     def rollout(self, timer: StageTimer, step: int) -> tuple[DataProto, dict[str, float]]:
-        """Prompts -> n scored responses each; DAPO's dynamic sampling keeps only informative groups."""
+        """Prompts -> n scored responses each; DAPO's dynamic sampling keeps only informative groups.
+
+        Dynamic sampling (verl's recipe/dapo/dapo_ray_trainer.py) keeps the groups whose
+        ``algorithm.dynamic_sampling_metric`` (accuracy by default, never the length-shaped reward)
+        varies and generates more rounds until the batch is full or ``max_sampling_rounds`` is
+        spent. Where verl then raises, the batch is refilled with zero-signal groups, and that is
+        reported: ``dapo/refilled_groups`` and a warning. Error/timeout counts add up over every
+        scoring pass of the step (all rounds, ReMax's baseline).
+        """
+        from rlctl.algorithms.dapo import dynamic_sampling_values
+        from rlctl.trainer.scoring import add_counts
+
+        algo = self.p.algorithm
         need = self.p.sequences_per_step
         kept: list[DataProto] = []
         dropped: list[DataProto] = []
+        counts: dict[str, float] = {}
         rounds = 0
         while True:
             rounds += 1
@@ -166,21 +182,42 @@ class Trainer:
                 prompts = self.ctx.train_data.next_batch()
                 batch = self.generate(prompts, self.p.rollout.n, seed=self._seed(step, rounds))
             with timer("reward"):
-                batch = self.ctx.reward.score(batch)
-                if self.p.algorithm.adv_estimator == "remax":
-                    batch = self._remax_baseline(prompts, batch, step)
-            if not self.p.algorithm.dynamic_sampling:
-                return batch, self.ctx.reward.last_metrics()
-            keep = groups_with_signal(batch.batch["scores"], batch.non_tensor["uid"])
+                batch, scored = self.ctx.reward.score(batch)
+                add_counts(counts, scored)
+                if algo.adv_estimator == "remax":
+                    batch, scored = self._remax_baseline(prompts, batch, step)
+                    add_counts(counts, scored)
+            if not algo.dynamic_sampling:
+                return batch, counts
+            values = dynamic_sampling_values(batch.batch, algo.dynamic_sampling_metric)
+            keep = groups_with_signal(values, batch.non_tensor["uid"])
             kept.append(batch[np.flatnonzero(keep)])
             dropped.append(batch[np.flatnonzero(~keep)])
             have = sum(len(b) for b in kept)
-            if have >= need or rounds >= self.p.algorithm.max_sampling_rounds:
+            if have >= need or rounds >= algo.max_sampling_rounds:
                 break
         full = DataProto.concat([b for b in kept + dropped if len(b)])[:need]
-        metrics = self.ctx.reward.last_metrics()
-        metrics.update({"dapo/rounds": float(rounds), "dapo/kept_fraction": min(1.0, have / need)})
-        return full, metrics
+        n = self.p.rollout.n
+        refilled = max(0, need - have) // n
+        if refilled:
+            log.warning(
+                "dynamic sampling ran out of rounds: refilled the batch with groups without signal",
+                step=step,
+                refilled_groups=refilled,
+                groups=need // n,
+                rounds=rounds,
+                metric=algo.dynamic_sampling_metric,
+                hint="raise algorithm.max_sampling_rounds, or the data is too easy/hard for the policy",
+            )
+        counts.update(
+            {
+                "dapo/rounds": float(rounds),
+                "dapo/kept_groups": float(min(have, need) // n),
+                "dapo/refilled_groups": float(refilled),
+                "dapo/kept_fraction": min(1.0, have / need),
+            }
+        )
+        return full, counts
 
     def generate(
         self, prompts: DataProto, n: int, *, seed: int, validation: bool = False, greedy: bool = False
@@ -196,7 +233,12 @@ class Trainer:
             request.meta["greedy"] = True
         out = self.ctx.policy.generate_sequences(request)
         return DataProto.from_dict(
-            tensors=out.batch, non_tensors=rows.non_tensor, meta={"temperature": self.p.rollout.temperature}
+            tensors=out.batch,
+            non_tensors=rows.non_tensor,
+            meta={
+                "temperature": self.p.rollout.temperature,
+                "weight_version": out.meta.get("weight_version"),
+            },
         )
 
     def _laid_out(self, batch: DataProto, group) -> DataProto:
@@ -204,19 +246,30 @@ class Trainer:
         uids = batch.non_tensor.get("uid")
         return layout_mini_batches(for_workers(batch), uids, self.mini_batch_prompts, group.dp_size)
 
-    def _remax_baseline(self, prompts: DataProto, batch: DataProto, step: int) -> DataProto:
+    def _remax_baseline(
+        self, prompts: DataProto, batch: DataProto, step: int
+    ) -> tuple[DataProto, dict[str, float]]:
         """ReMax's baseline: the reward of one greedy response per prompt (always greedy, as verl,
-        whatever the validation sampling settings are)."""
+        whatever the validation sampling settings are), with that scoring pass's counts. The
+        step's reward metrics stay those of the sampled responses."""
         out = self.generate(prompts, 1, seed=self._seed(step, 0), greedy=True)
-        baseline = self.ctx.reward.score(out).batch["scores"].float().repeat_interleave(self.p.rollout.n)
-        return batch.union(DataProto.from_dict(tensors={"reward_baselines": baseline}))
+        scored, counts = self.ctx.reward.score(out)
+        baseline = scored.batch["scores"].float().repeat_interleave(self.p.rollout.n)
+        return batch.union(DataProto.from_dict(tensors={"reward_baselines": baseline})), counts
 
     def validate(self) -> dict[str, float]:
-        """Greedy accuracy on the validation prompts (not counted in the training clock)."""
+        """Greedy accuracy on the validation prompts (not counted in the training clock).
+
+        Scored without training-time shaping: ``val/score_mean`` is the scorer's own mean score.
+        """
         if self.ctx.val_prompts is None:
             return {}
         start = time.perf_counter()
-        batch = self.ctx.reward.score(self.generate(self.ctx.val_prompts, 1, seed=0, validation=True))
+        generated = self.generate(self.ctx.val_prompts, 1, seed=0, validation=True)
+        try:
+            batch, _ = self.ctx.reward.score(generated, shaping=False)
+        except RunError as exc:
+            raise self._record(RunError(f"validation after step {self.step}: {exc}")) from exc
         out = {
             "val/score_mean": batch.batch["scores"].float().mean().item(),
             "time/val": time.perf_counter() - start,
@@ -228,6 +281,8 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def save(self) -> None:
+        """Driver state (world-size independent: one driver, one data stream, one schedule) plus
+        each role's DCP shards, which load on any number of ranks."""
         state = {
             "step": self.step,
             "train_time_s": self.train_time_s,
@@ -238,6 +293,8 @@ class Trainer:
                 "numpy": np.random.get_state(),
                 "python": random.getstate(),
             },
+            "world_size": self.ctx.policy.world_size,
+            "roles": self._checkpointed_roles(),
         }
 
         def write_roles(path) -> None:
@@ -246,12 +303,18 @@ class Trainer:
                 self.ctx.critic.save_checkpoint(str(path))
 
         where = checkpoint.save_checkpoint(
-            self.ctx.run_dir, self.step, state, write_roles, self.p.trainer.keep_checkpoints
+            self.ctx.run_dir, self.step, state, write_roles, self.p.trainer.keep_checkpoints, self.lineage
         )
         log.info("checkpoint saved", step=self.step, path=str(where))
 
+    def _checkpointed_roles(self) -> list[str]:
+        return ["policy"] + (["critic"] if self.ctx.critic is not None else [])
+
     def _restore(self) -> Path | None:
-        path = checkpoint.find_resume_point(self.ctx.run_dir, self.resume)
+        """Continue from ``--resume``'s checkpoint (None: fresh start) on this run's world size."""
+        plan = checkpoint.prepare_resume(self.ctx.run_dir, self.resume, check=self._check_carries_over)
+        self.lineage = plan.lineage
+        path = plan.path
         if path is None:
             return None
         state = checkpoint.load_driver_state(path)
@@ -265,10 +328,25 @@ class Trainer:
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(state["rng"]["numpy"])
         random.setstate(state["rng"]["python"])
-        log.info("resumed", step=self.step, path=str(path))
+        saved_world = state.get("world_size")
+        if saved_world is not None and saved_world != self.ctx.policy.world_size:
+            log.info("resharding the checkpoint", saved_ranks=saved_world, ranks=self.ctx.policy.world_size)
+        log.info("resumed", step=self.step, path=str(path), lineage=self.lineage)
         return path
 
+    def _check_carries_over(self, path: Path, state: dict) -> None:
+        checkpoint.check_carries_over(path, state, self._checkpointed_roles())
+
     # -- helpers ---------------------------------------------------------------------------------------
+    def _checked_sync(self, sync: dict[str, float], metrics: dict[str, float], step: int) -> dict[str, float]:
+        """The step's ``sync/*`` and ``rollout/weight_version`` metrics, after the log-prob gap alarm
+        (``trainer.max_log_prob_gap``) had its look at ``metrics``; a mismatch already failed the sync."""
+        alarm = getattr(self, "_gap_alarm", None)
+        if alarm is None:
+            alarm = self._gap_alarm = LogProbGapAlarm(self.p.trainer.max_log_prob_gap)
+        alarm.check(metrics, step)
+        return sync
+
     def _record(self, exc: RunError) -> RunError:
         """Keep the full failure (remote traceback included) in RUN_DIR/error.log; return it to raise."""
         (self.ctx.run_dir / "error.log").write_text(f"{exc}\n")

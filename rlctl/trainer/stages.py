@@ -152,23 +152,34 @@ def batch_metrics(batch: DataProto, max_new_tokens: int) -> dict[str, float]:
     }
     if "acc" in t:
         metrics["reward/accuracy"] = t["acc"].float().mean().item()
-    if "rollout_log_probs" in t and "old_log_probs" in t:
-        # Train/inference mismatch: the rollout engine's log-probs vs the training engine's.
-        mask = t["response_mask"].bool()
-        diff = (t["rollout_log_probs"] - t["old_log_probs"]).abs()[mask]
-        metrics["rollout/log_prob_diff_max"] = diff.max().item() if diff.numel() else 0.0
-        metrics["rollout/log_prob_diff_mean"] = diff.mean().item() if diff.numel() else 0.0
+    metrics.update(log_prob_gap_metrics(t))
     if "advantages" in t:
         mask = t["response_mask"].bool()
         metrics["adv/mean"] = t["advantages"][mask].mean().item() if mask.any() else 0.0
     return metrics
 
 
-def groups_with_signal(scores: torch.Tensor, uids: np.ndarray) -> np.ndarray:
-    """DAPO dynamic sampling: keep rows whose group's scores are not all equal."""
-    keep = np.zeros(len(uids), dtype=bool)
-    for uid in np.unique(uids):
-        rows = np.flatnonzero(uids == uid)
-        group = scores[rows]
-        keep[rows] = bool((group != group[0]).any())
-    return keep
+def log_prob_gap_metrics(t: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Train/inference mismatch: |rollout engine log-prob - training engine log-prob| over the
+    response tokens (max and mean, nats), when both exist; watched by the trainer's
+    :class:`~rlctl.trainer.fingerprint.LogProbGapAlarm`."""
+    if "rollout_log_probs" not in t or "old_log_probs" not in t:
+        return {}
+    mask = t["response_mask"].bool()
+    diff = (t["rollout_log_probs"] - t["old_log_probs"]).abs()[mask]
+    return {
+        "rollout/log_prob_diff_max": diff.max().item() if diff.numel() else 0.0,
+        "rollout/log_prob_diff_mean": diff.mean().item() if diff.numel() else 0.0,
+    }
+
+
+def groups_with_signal(values: torch.Tensor, uids: np.ndarray) -> np.ndarray:
+    """DAPO dynamic sampling's keep mask as numpy bools: rows whose group's values are not all equal.
+
+    ``values`` come from ``rlctl.algorithms.dapo.dynamic_sampling_values`` (accuracy by default).
+    One filter for the trainer and the tested helper: ``groups_with_variance`` (groups of one are
+    kept, as verl).
+    """
+    from rlctl.algorithms.dapo import groups_with_variance
+
+    return groups_with_variance(values, uids).numpy()

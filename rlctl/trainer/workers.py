@@ -18,6 +18,7 @@ import torch
 from rlctl.dispatch import DataProto, Dispatch, Worker, register
 from rlctl.engines.registry import get_engine
 from rlctl.reshard import reshard_train_to_rollout
+from rlctl.trainer.fingerprint import SyncCheck, without
 from rlctl.trainer.losses import make_actor_loss, make_critic_loss
 from rlctl.trainer.minibatch import MINI_BATCH_ROWS, split_mini_batches
 from rlctl.trainer.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec
@@ -140,7 +141,7 @@ class PolicyWorker(Worker):
             seed=int(meta["seed"]) * 1_000_003 + self.rank,
         )
         out = _pad_responses(out, int(meta["max_new_tokens"]), int(meta["pad_token_id"]))
-        return DataProto.from_dict(tensors=out)
+        return DataProto.from_dict(tensors=out, meta={"weight_version": self._sync_check().version})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, batch: DataProto) -> DataProto:
@@ -194,26 +195,44 @@ class PolicyWorker(Worker):
                 self.actor.offload()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def sync_weights(self) -> None:
-        """Training layout -> rollout layout in memory, one size-bounded bucket at a time.
+    def sync_weights(self, step: int | None = None, skip: str | None = None) -> dict[str, float]:
+        """Training layout -> rollout layout in memory, one size-bounded bucket at a time, then
+        the check that the rollout engine now holds the trainer's weights (:mod:`.fingerprint`).
 
         One rank: the parameters stream straight across. Several ranks: the planned reshard moves
         each rank's FSDP shards to where the rollout layout needs them (HF names, rollout TP 1).
+        ``step`` is the RL step whose update is being synced (None at start and after a load);
+        ``skip`` leaves that tensor out (fault injection for tests: ``RLCTL_INJECT_SYNC_SKIP``).
+        Returns the ``sync/*`` metrics; a rollout tensor that differs is a RunError naming it.
         """
         self.rollout.wake()
         if self.world_size == 1:
-            self.rollout.update_weights(self.actor.export_weights("full"))
-            return
-        for bucket in reshard_train_to_rollout(
-            self.actor.model.config,
-            train_world=self.world_size,
-            rank=self.rank,
-            rollout_tp=1,
-            local_shards=dict(self.actor.export_weights("sharded")),
-            bucket_bytes=SYNC_BUCKET_BYTES,
-            fmt="hf",
-        ):
-            self.rollout.update_weights(bucket)
+            self.rollout.update_weights(without(self.actor.export_weights("full"), skip))
+        else:
+            buckets = reshard_train_to_rollout(
+                self.actor.model.config,
+                train_world=self.world_size,
+                rank=self.rank,
+                rollout_tp=1,
+                local_shards=dict(self.actor.export_weights("sharded")),
+                bucket_bytes=SYNC_BUCKET_BYTES,
+                fmt="hf",
+            )
+            for bucket in without(buckets, skip):
+                self.rollout.update_weights(bucket)
+        mesh = self.actor.mesh
+        return self._sync_check().after_sync(
+            self.actor.model,
+            self.rollout,
+            device=self.actor.device,
+            group=mesh.get_group() if mesh is not None else None,
+        )
+
+    def _sync_check(self) -> SyncCheck:
+        """This rank's sync checker (made on first use: it counts the syncs, the weight version)."""
+        if getattr(self, "_sync_checker", None) is None:
+            self._sync_checker = SyncCheck(rank=self.rank)
+        return self._sync_checker
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

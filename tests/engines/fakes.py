@@ -337,6 +337,7 @@ def make_fake_vllm(
         if "weights" in tags and "weights" in self.sleeping:
             if self.host_copy is None:
                 _zero_weights(self.hf)  # level 2: discarded
+                self.worker.model_runner.model.zero_()
             else:
                 self.hf.model.load_state_dict(self.host_copy)
         self.sleeping -= tags
@@ -358,15 +359,71 @@ def make_fake_vllm(
 
 
 class _LoadWeights:
-    """Stands in for a vLLM model: ``load_weights(weights) -> set of loaded names``."""
+    """Stands in for a vLLM model: ``load_weights(weights) -> set of loaded names``, and its
+    parameters in vLLM's own layout, which is what ``model_runner.model.named_parameters()`` shows:
+    q/k/v stacked into ``qkv_proj`` and gate/up into ``gate_up_proj`` along dim 0 (class attribute
+    ``packed_modules_mapping``; the merged layer's ``output_sizes``, ``layers/linear.py``), vocab
+    rows padded to a multiple of 64 (``vocab_parallel_embedding.py``: ``pad_vocab_size``). Sampling
+    runs on the HF model; ``load_weights`` writes both, as vLLM's weight loaders write the slices.
+    """
+
+    packed_modules_mapping = {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+    VOCAB_PADDING = 64
 
     def __init__(self, hf: HFRolloutEngine):
         self.hf = hf
+        self.params: dict[str, torch.Tensor] = {}
+        self.where: dict[str, tuple[str, int]] = {}  # HF name -> (vLLM name, first row)
+        self.output_sizes: dict[str, list[int]] = {}  # merged module path -> row counts
+        stacked: dict[tuple[str, str], dict[str, tuple[str, torch.Tensor]]] = {}
+        for name, p in hf.model.named_parameters():  # tied weights once, as vLLM holds them
+            path, _, leaf = name.rpartition(".")
+            prefix, _, sub = path.rpartition(".")
+            fused = next((f for f, parts in self.packed_modules_mapping.items() if sub in parts), None)
+            if fused is not None:
+                stacked.setdefault((f"{prefix}.{fused}", leaf), {})[sub] = (name, p)
+            elif name.endswith(("embed_tokens.weight", "lm_head.weight")):
+                rows = -(-p.shape[0] // self.VOCAB_PADDING) * self.VOCAB_PADDING
+                padded = torch.zeros((rows, *p.shape[1:]), dtype=p.dtype, device=p.device)
+                padded[: p.shape[0]] = p.detach()
+                self.params[name], self.where[name] = padded, (name, 0)
+            else:
+                self.params[name], self.where[name] = p.detach().clone(), (name, 0)
+        for (path, leaf), pieces in stacked.items():
+            parts = self.packed_modules_mapping[path.rpartition(".")[2]]
+            tensors, first = [], 0
+            for sub in parts:
+                hf_name, p = pieces[sub]
+                self.where[hf_name] = (f"{path}.{leaf}", first)
+                tensors.append(p.detach())
+                first += p.shape[0]
+            self.params[f"{path}.{leaf}"] = torch.cat(tensors)
+            self.output_sizes[path] = [t.shape[0] for t in tensors]
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        yield from self.params.items()
+
+    def get_submodule(self, target: str):
+        if target not in self.output_sizes:
+            raise AttributeError(f"{type(self).__name__} has no attribute `{target}`")
+        return types.SimpleNamespace(output_sizes=list(self.output_sizes[target]))
 
     def load_weights(self, weights):
         weights = list(weights)
         self.hf.update_weights(weights)
+        with torch.no_grad():
+            for name, tensor in weights:
+                target, first = self.where[name]
+                dst = self.params[target]
+                dst.narrow(0, first, tensor.shape[0]).copy_(tensor.to(device=dst.device, dtype=dst.dtype))
         return {name for name, _ in weights}
+
+    def zero_(self) -> None:
+        for t in self.params.values():
+            t.zero_()
 
 
 # -- SGLang ------------------------------------------------------------------------------------------------

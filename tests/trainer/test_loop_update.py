@@ -34,8 +34,11 @@ class RecordingPolicy:
 
 
 class FixedScores:
-    def score(self, batch: DataProto) -> DataProto:
-        return batch.union(DataProto.from_dict(tensors={"scores": torch.arange(len(batch)).float()}))
+    """``BatchScorer.score``'s contract: the scored batch and that pass's counts."""
+
+    def score(self, batch: DataProto, *, shaping: bool = True) -> tuple[DataProto, dict[str, float]]:
+        scored = batch.union(DataProto.from_dict(tensors={"scores": torch.arange(len(batch)).float()}))
+        return scored, {"errors": 0.0}
 
 
 def trainer(tmp_path, extra: str = "") -> tuple[Trainer, RecordingPolicy]:
@@ -63,7 +66,7 @@ def prompts(rows: int = 2) -> DataProto:
 def test_remax_baseline_is_greedy_even_when_validation_samples(tmp_path):
     t, policy = trainer(tmp_path)
     batch = DataProto.from_dict(tensors={"x": torch.zeros(6)})
-    out = t._remax_baseline(prompts(), batch, step=1)
+    out, _counts = t._remax_baseline(prompts(), batch, step=1)
     (request,) = policy.requests
     assert request.meta["greedy"] is True  # val_temperature = 0.7 used to make this a sampled baseline
     assert out["reward_baselines"].tolist() == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]  # one per prompt, x n

@@ -113,6 +113,7 @@ def test_two_fsdp_ranks_on_ray_sync_through_reshard(write_profile, tmp_path, ray
     # ppo_epochs = 2 forces the old-log-prob recompute, so the mismatch is measured every step; step 2's
     # rollout ran on weights that came through the reshard after step 1's update.
     assert steps[2]["rollout/log_prob_diff_max"] < 1e-4
+    assert steps[2]["sync/fingerprint_ok"] == 1.0  # the rollout copy matches the trainer's
     assert steps[1]["actor/grad_norm"] > 0
 
 
@@ -130,7 +131,13 @@ def test_two_fsdp_ranks_on_ray_sync_through_reshard(write_profile, tmp_path, ray
 def test_every_algorithm_preset_runs(write_profile, tmp_path, preset, expect):
     """Swapping the algorithm is a one-word profile change; each preset completes two steps."""
     profile = write_profile(preset, preset=preset, steps=2)
-    code, _, err = run_cli("train", str(profile), "--set", "trainer.save_every=0")
+    # the dapo preset's 4-token overlong ramp must stay below the response budget (a profile check)
+    extra = (
+        ["--set", "rollout.max_new_tokens=10", "--set", "algorithm.overlong_buffer=2"]
+        if preset == "dapo"
+        else []
+    )
+    code, _, err = run_cli("train", str(profile), "--set", "trainer.save_every=0", *extra)
     assert code == 0, err
     steps = by_step(metrics(tmp_path / f"runs/{preset}"))
     assert expect in steps[2], sorted(steps[2])
