@@ -27,6 +27,7 @@ lr = 1e-4
 micro_batch_sequences = 8
 use_kl_loss = {kl}
 [rollout]
+engine = "hf"  # the same engine on every device (auto would refuse on a GPU without vLLM)
 n = 4
 max_new_tokens = 4
 [trainer]

@@ -309,11 +309,16 @@ def test_kill_9_during_a_real_save_leaves_the_previous_checkpoint_loadable(engin
     from rlctl.engines.optim import OptimConfig
 
     assert point in ck.KILL_POINTS or point == "between_roles"
-    child = multiprocessing.get_context("fork").Process(
+    # spawn, not fork: a fork of a test process that already runs threads (Ray, thread pools) can
+    # deadlock on a lock held by another thread at the moment of the fork
+    child = multiprocessing.get_context("spawn").Process(
         target=_saving_child, args=(engine_model, str(tmp_path), point)
     )
     child.start()
     child.join(100)
+    if child.is_alive():  # never leave it behind, whatever went wrong
+        child.kill()
+        child.join()
     assert child.exitcode == -9, f"the save was not killed at {point} (exit {child.exitcode})"
 
     found = ck.find_resume_point(tmp_path, "auto")

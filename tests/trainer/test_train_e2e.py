@@ -42,8 +42,8 @@ def assert_same_numbers(a: dict[int, dict], b: dict[int, dict], steps) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_grpo_inprocess_writes_metrics_checkpoints_and_export(write_profile, tmp_path):
-    profile = write_profile("grpo")
+def test_grpo_inprocess_writes_metrics_checkpoints_and_export(write_profile, tmp_path, device):
+    profile = write_profile("grpo", device=device)
     code, out, err = run_cli("--log-format", "plain", "train", str(profile))
     assert code == 0, err
     run = tmp_path / "runs/grpo"
