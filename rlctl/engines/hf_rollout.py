@@ -158,6 +158,12 @@ class HFRolloutEngine:
         return {k: v.cpu() for k, v in out.items()}  # no-op on CPU
 
     # -- weights and memory ------------------------------------------------------------------------
+    def _named_tensors(self) -> dict[str, torch.Tensor]:
+        """Every parameter under each of its HF names (tied ones twice) plus the buffers."""
+        tensors = dict(self.model.named_parameters(remove_duplicate=False))
+        tensors.update(dict(self.model.named_buffers()))
+        return tensors
+
     @torch.no_grad()
     def update_weights(self, stream: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy ``(HF name, full tensor)`` pairs into the model in place; returns how many were copied.
@@ -165,8 +171,7 @@ class HFRolloutEngine:
         Tied parameters share storage, so either name updates both. A DTensor is gathered first
         (a collective: every rank of its mesh must stream it).
         """
-        params = dict(self.model.named_parameters(remove_duplicate=False))
-        params.update(dict(self.model.named_buffers()))
+        params = self._named_tensors()
         count = 0
         for name, tensor in stream:
             target = params.get(name)
@@ -187,8 +192,7 @@ class HFRolloutEngine:
     ) -> dict[str, tuple[float, float, str] | None]:
         """Fingerprints (:mod:`rlctl.engines.fingerprint`) of the HF-named tensors in ``spec``, read
         from the model's own parameters; None for a name the model lacks or holds in another shape."""
-        params = dict(self.model.named_parameters(remove_duplicate=False))
-        params.update(dict(self.model.named_buffers()))
+        params = self._named_tensors()
         return fingerprint_views(spec, lambda name, shape: params.get(name))
 
     def log_prob_gap(self, *, temperature: float, top_p: float, top_k: int) -> str | None:

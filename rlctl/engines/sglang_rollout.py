@@ -37,11 +37,11 @@ from rlctl.engines.registry import register_engine
 from rlctl.engines.rollout_batch import (
     assemble_rollout,
     bucketed,
+    refuse_tensor_parallel,
     row_seeds,
     stop_token_ids,
     unpadded_prompts,
 )
-from rlctl.engines.vllm_rollout import refuse_tensor_parallel
 from rlctl.errors import RunError, UserError
 
 # transformers attn_implementation -> SGLang attention_backend (sglang/srt/arg_groups/choices.py)

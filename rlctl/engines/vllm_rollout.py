@@ -41,6 +41,7 @@ from rlctl.engines.registry import register_engine
 from rlctl.engines.rollout_batch import (
     assemble_rollout,
     bucketed,
+    refuse_tensor_parallel,
     row_seeds,
     stop_token_ids,
     unpadded_prompts,
@@ -110,15 +111,6 @@ def _import_vllm():
         return importlib.import_module("vllm")
     except ImportError as exc:
         raise UserError("rollout backend 'vllm' needs the vllm package (pip install 'rlctl[vllm]')") from exc
-
-
-def refuse_tensor_parallel(tensor_parallel_size: int, engine: str) -> None:
-    """Rollout TP > 1 needs every trainer rank to build the engine together; not wired yet."""
-    if tensor_parallel_size != 1:
-        raise UserError(
-            f"rollout.tensor_parallel={tensor_parallel_size}: tensor-parallel {engine} rollout is not "
-            "supported yet; set rollout.tensor_parallel = 1 (one engine copy per GPU)"
-        )
 
 
 @register_engine("rollout", model_type="*", backend="vllm", device="npu")
