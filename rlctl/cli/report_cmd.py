@@ -45,5 +45,7 @@ def report(run_dir: str, out_dir: str | None, threshold: float, as_json: bool) -
     click.echo(summary_text(result.summary))
     where = result.plots[0].parent if result.plots else "-"
     click.echo(f"plots: {len(result.plots)} in {where}; report: {result.markdown}")
+    click.echo(f"samples: {result.sample_rows} rows in the report's tables" if result.sample_rows else
+               "samples: none recorded (trainer.log_samples = 0, or an older run)")  # fmt: skip
     if result.skipped:
         click.echo(f"no data for: {', '.join(result.skipped)}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import platform as _py
+import re
+import subprocess
 import sys
 
 from rlctl.doctor.check import CheckResult, failed, passed, skipped, warned
@@ -32,6 +34,90 @@ def check_plugins(p: Platform) -> list[CheckResult]:
     return [
         warned(f"plugin:{name}", err, "fix or uninstall the plugin's package", "platform")
         for name, err in sorted(errors.items())
+    ]
+
+
+def check_near_misses(p: Platform) -> list[CheckResult]:
+    """Accelerators whose probe saw part of their stack but not a usable device (e.g. a container
+    that sees the host's NVIDIA kernel module but got no /dev/nvidia*): a WARN each."""
+    res = p.resolution
+    rows = []
+    for name, probe in res.probes.items() if res is not None else []:
+        hint = probe.details.get("near_miss") if not probe.found else None
+        if hint and name != p.name:
+            fix = probe.details.get("near_miss_fix", f"see the {name} probe")
+            rows.append(warned(f"probe:{name}", f"{name} not used: {hint}", fix, "platform"))
+    return rows
+
+
+def check_ray_devices(p: Platform) -> list[CheckResult]:
+    """Will Ray see this platform's devices? On ROCm, Ray 2.60 needs the amdsmi package."""
+    check = getattr(p, "ray_gpu_check", None)
+    if check is None or not p.probe().found:
+        return []
+    status, reason, fix = check()
+    if status == "ok":
+        return [passed("ray-devices", reason, "platform")]
+    if status == "fail":
+        return [failed("ray-devices", reason, fix, "platform")]
+    return [skipped("ray-devices", reason, "platform")]
+
+
+def check_torch_import(p: Platform, timeout: float = 120.0) -> list[CheckResult]:
+    """``import torch`` in a child when a ``torch.backends`` plugin (torch_npu) is installed:
+    torch imports every such plugin itself, so a broken torch_npu breaks ``import torch``."""
+    plugins = p.host.dists.entry_points("torch.backends")
+    if not plugins or p.host.torch.version is None:
+        return []
+    names = ", ".join(sorted({f"{dist} ({name})" for dist, name, _ in plugins}))
+    if p.host.env.get("TORCH_DEVICE_BACKEND_AUTOLOAD") == "0":
+        return [skipped("torch-import", f"TORCH_DEVICE_BACKEND_AUTOLOAD=0: {names} not autoloaded", "torch")]
+    env = {**os.environ, **p.host.env, "PYTHONWARNINGS": "ignore"}
+    if p.host.path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p.host.path)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", "import torch"], capture_output=True, text=True, timeout=timeout, env=env
+        )
+    except subprocess.TimeoutExpired:
+        return [failed("torch-import", f"import torch timed out after {timeout:.0f}s (autoloads {names})",
+                       "check the torch.backends plugins: " + names, "torch")]  # fmt: skip
+    if proc.returncode == 0:
+        return [passed("torch-import", f"import torch works and autoloads {names}", "torch")]
+    lines = [ln.strip() for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    # a chained traceback: the plugin's own error first, torch's "Failed to load ..." last
+    errors = [ln[:200] for ln in lines if re.match(r"^[\w.]+(Error|Exception|Exit)\b", ln)]
+    why = " -> ".join(dict.fromkeys([errors[0], errors[-1]])) if errors else (lines or [""])[-1][:300]
+    why = why or f"exit code {proc.returncode}"
+    torch_v = p.host.torch.base_version or "your torch"
+    fix = (
+        f"reinstall the backend built for torch {torch_v} (e.g. pip install 'torch-npu=={torch_v}.*'), "
+        "or set TORCH_DEVICE_BACKEND_AUTOLOAD=0 to import torch without it"
+    )
+    return [failed("torch-import", f"import torch fails because it autoloads {names}: {why}", fix, "torch")]
+
+
+def check_busy_devices(p: Platform) -> list[CheckResult]:
+    """Processes the vendor SMI shows holding device memory (npu-smi's process table)."""
+    procs = p.probe().details.get("processes") or []
+    if not procs:
+        return []
+    where = "; ".join(
+        f"NPU {q['npu']}"
+        + (f" chip {q['chip']}" if "chip" in q else "")
+        + f" pid {q['pid']}"
+        + (f" ({q['memory_mb']} MB)" if "memory_mb" in q else "")
+        for q in procs[:4]
+    ) + (f" (+{len(procs) - 4} more)" if len(procs) > 4 else "")
+    vis = p.visible_devices_env or "the visible-devices variable"
+    return [
+        warned(
+            "devices-busy",
+            f"{len(procs)} process(es) already hold device memory: {where}",
+            f"stop them, or pick free devices with {vis}",
+            "driver",
+            processes=procs,
+        )
     ]
 
 
@@ -105,9 +191,12 @@ def check_torch(p: Platform) -> CheckResult:
     if p.name == "ascend":
         npu = p.host.dists.get("torch-npu")
         if npu is None:
-            return failed(
-                "torch", f"{build}, but torch_npu is not installed", "pip install torch-npu", "torch"
+            npu_fix = (
+                f"pip install 'torch-npu=={tb.base_version}.*'"
+                if tb.base_version
+                else "pip install torch-npu"
             )
+            return failed("torch", f"{build}, but torch_npu is not installed", npu_fix, "torch", **details)
         if p.host.env.get("TORCH_DEVICE_BACKEND_AUTOLOAD") == "0":
             return warned(
                 "torch",
@@ -169,6 +258,7 @@ def check_kernels(p: Platform) -> list[CheckResult]:
     eng = p.rollout_engine_candidates()
     engine, reason = p.auto_rollout_engine()
     candidates = [vars(c) for c in eng]
+    first = p.rollout_engines()[0]
     if engine is not None:
         rows.append(passed("rollout-engine", f"{engine}: {reason}", "kernels", candidates=candidates))
     elif "hf" in p.installed_rollout_engines():
@@ -176,7 +266,7 @@ def check_kernels(p: Platform) -> list[CheckResult]:
             warned(
                 "rollout-engine",
                 f"rollout.engine = auto will refuse to start: {reason}",
-                f"pip install 'rlctl[{p.rollout_engines()[0]}]' for fast rollout, or set rollout.engine = \"hf\"",
+                f'{p.engine_install_hint(first)} for fast rollout, or set rollout.engine = "hf"',
                 "kernels",
                 candidates=candidates,
             )
@@ -186,8 +276,9 @@ def check_kernels(p: Platform) -> list[CheckResult]:
             failed(
                 "rollout-engine",
                 f"no rollout engine installed: {reason}",
-                "pip install transformers",
+                p.engine_install_hint("hf"),
                 "kernels",
+                candidates=candidates,
             )
         )
     return rows
@@ -201,6 +292,11 @@ def check_env(p: Platform) -> list[CheckResult]:
             "env", f"{len(env)} relevant variable(s) set: {', '.join(env) or 'none'}", "env", variables=env
         )
     ]
+    src = p.env_sources()
+    if src["rlctl_sets"] or src["user_set"]:
+        parts = [f"rlctl sets {k}={v}" for k, v in src["rlctl_sets"].items()]
+        parts += [f"keeps your {k}={v}" for k, v in src["user_set"].items()]
+        rows.append(passed("env:vendor", "; ".join(parts) + " (for the worker processes)", "env", **src))
     vis = p.visible_devices_env
     if vis and p.host.env.get(vis, None) == "":
         rows.append(

@@ -8,12 +8,26 @@ FAIL: no interpreter starts in the sandbox, so code rewards cannot run at any le
 from __future__ import annotations
 
 from rlctl.doctor.check import CheckResult, failed, passed, warned
-from rlctl.rewards.sandbox_layers import HOW_TO_GET, REQUIRED
 
 
 def check_sandbox() -> list[CheckResult]:
-    """Probe the sandbox (a few trivial snippets, cached per process) and report each layer."""
-    from rlctl.rewards.sandbox import sandbox_plan
+    """Probe the sandbox (a few trivial snippets, cached per process) and report each layer.
+
+    Imported here, not at module level: ``rlctl.rewards`` imports torch, and doctor must still
+    report (not crash) when ``import torch`` is what is broken.
+    """
+    try:
+        from rlctl.rewards.sandbox import sandbox_plan
+        from rlctl.rewards.sandbox_layers import HOW_TO_GET, REQUIRED
+    except Exception as exc:
+        return [
+            failed(
+                "sandbox",
+                f"cannot load the code-reward sandbox checks: {type(exc).__name__}: {exc}"[:300],
+                "fix the failure above (see the torch and torch-import rows)",
+                "sandbox",
+            )
+        ]
 
     plan = sandbox_plan()
     if plan.python is None:

@@ -50,9 +50,13 @@ def run_doctor(platform: Platform, deep_checks: bool = False, timeout: float = D
     rows: list[CheckResult] = [
         checks_host.check_platform(p),
         *checks_host.check_plugins(p),
+        *checks_host.check_near_misses(p),
         checks_host.check_host(),
         checks_host.check_torch(p),
+        *checks_host.check_torch_import(p, timeout),
         checks_host.check_driver(p),
+        *checks_host.check_busy_devices(p),
+        *checks_host.check_ray_devices(p),
         *checks_host.check_kernels(p),
     ]
     imports = deep.try_imports(p, timeout) if deep_checks else None
@@ -85,7 +89,8 @@ def render(report: Report, console: Any, verbose: bool = False) -> None:
         f"[bold]platform[/bold]: {escape(p.name)} ({escape(res.reason) if res else 'given by caller'})"
     )
     console.print(
-        f"backend {p.dist_backend}, Ray resource {p.ray_resource}, device {p.device_type}, "
+        f"{p.device_count()} device(s), backend {p.dist_backend}, Ray resource {p.ray_resource}, "
+        f"device {p.device_type}, "
         f"attention {p.attention_impl()}, rollout {p.rollout_engine() or 'none'}"
     )
     for name, probe in res.probes.items() if res is not None else []:

@@ -35,6 +35,11 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def _check_path(model_path: str | Path) -> Path:
+    """``model_path`` as a Path once it holds a config; also silences transformers' per-load
+    progress bars, which every worker would otherwise print into the run's log."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     path = Path(model_path)
     if not (path / "config.json").is_file():
         raise UserError(f"model path {str(path)!r} has no config.json; expected a local HF model directory")

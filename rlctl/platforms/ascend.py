@@ -2,7 +2,8 @@
 
 Detection: ``/dev/davinci[0-9]*`` device files; CANN version from
 ``$ASCEND_HOME_PATH/<arch>-linux/ascend_toolkit_install.info``; driver from
-``/usr/local/Ascend/driver/version.info``; NPUs from ``npu-smi info`` in a child process.
+``/usr/local/Ascend/driver/version.info``; NPUs (one per chip: an Atlas A3 NPU has two) and the
+processes holding them from ``npu-smi info`` in a child process.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ DEFAULT_TOOLKIT = "/usr/local/Ascend/ascend-toolkit/latest"
 
 
 def _key_value(text: str | None, key: str) -> str | None:
-    """``version=8.3.RC1`` style lookup (case-insensitive key)."""
+    """``version=8.3.RC1`` style lookup (case-insensitive key; quotes around the value dropped)."""
     for line in (text or "").splitlines():
         k, sep, v = line.partition("=")
         if sep and k.strip().lower() == key.lower():
-            return v.strip()
+            return v.strip().strip("\"'").strip() or None
     return None
 
 
@@ -65,6 +66,7 @@ class AscendPlatform(Platform):
         smi = h.query_smi("ascend")
         if smi.get("ok"):
             details["devices"] = smi.get("devices", [])
+            details["processes"] = smi.get("processes", [])
             details["driver_version"] = details["driver_version"] or smi.get("driver_version")
         else:
             details["smi_error"] = smi.get("error", "unknown error")
@@ -72,7 +74,8 @@ class AscendPlatform(Platform):
         names = sorted({str(d.get("name")) for d in details["devices"]})
         return ProbeResult(
             True,
-            f"{len(dev_files)} x /dev/davinci ({', '.join(names)}), CANN {details['cann_version'] or 'unknown'}",
+            f"{len(details['devices'])} NPU(s) ({', '.join(names)}), {len(dev_files)} x /dev/davinci, "
+            f"CANN {details['cann_version'] or 'unknown'}",
             details,
         )
 
@@ -84,14 +87,29 @@ class AscendPlatform(Platform):
     def ray_noset_env(self) -> str:
         return "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"
 
+    def engine_install_hint(self, engine: str) -> str:
+        if engine == "vllm":
+            return (
+                "pip install vllm and vllm-ascend from one row of the vllm-ascend compatibility matrix "
+                "(e.g. vllm==0.23.0 vllm-ascend==0.23.0 with CANN 9.1.0, torch_npu 2.10.0.post4)"
+            )
+        if engine == "hf":
+            torch = self.host.torch.base_version
+            npu = f"torch-npu=={torch}" if torch else "torch-npu"
+            missing = [d for d in ("transformers",) if self.host.dists.get(d) is None]
+            if self.host.dists.get("torch-npu") is None:
+                missing.append(npu)
+            return "pip install " + " ".join(missing or ["transformers", npu])
+        return super().engine_install_hint(engine)
+
     def attention_candidates(self) -> list[Candidate]:
         npu = self.host.dists.get("torch-npu")
-        fa_pkg = self.host.dists.get("flash-attn")
         if npu is None:
             fa2 = (False, "torch_npu not installed (flash_attention_2 maps to npu_fusion_attention)")
         else:
-            note = "; the flash_attn package itself is unsupported here" if fa_pkg else ""
-            fa2 = (True, f"torch_npu {npu.version}: transformers maps it to npu_fusion_attention{note}")
+            # transformers 5.24 modeling_flash_attention_utils.py: the NPU branch comes before any
+            # flash_attn import, so an installed flash-attn package is never used here
+            fa2 = (True, f"torch_npu {npu.version}: transformers maps it to npu_fusion_attention")
         return choose(
             [
                 ("flash_attention_2", *fa2),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from rlctl.platforms.bounded import call_bounded, probe_timeout
 from rlctl.platforms.host import Host
 from rlctl.platforms.pins import Facts, Pin, load_pins
 
@@ -80,10 +81,14 @@ class Platform:
 
     # ------------------------------------------------------------ probing
     def probe(self, refresh: bool = False) -> ProbeResult:
-        """Cheap, safe detection; cached. Any exception becomes ``found=False`` with its text."""
+        """Cheap, safe detection; cached. Bounded in time (``RLCTL_PROBE_TIMEOUT_S``, 30 s) and
+        isolated from ``sys.exit``: a hang, an exit or any exception becomes ``found=False``."""
         if self._probe_result is None or refresh:
             try:
-                self._probe_result = self._probe()
+                result = call_bounded(self._probe, probe_timeout(self.host.env), f"{self.name} probe")
+                if not isinstance(result, ProbeResult):
+                    raise TypeError(f"_probe returned {type(result).__name__}, not a ProbeResult")
+                self._probe_result = result
             except Exception as exc:
                 self._probe_result = ProbeResult(False, f"probe crashed: {type(exc).__name__}: {exc}")
         return self._probe_result
@@ -102,9 +107,25 @@ class Platform:
         """Ray's RAY_EXPERIMENTAL_NOSET_* variable that stops Ray setting the one above."""
         return None
 
-    def rollout_env(self) -> dict[str, str]:
-        """Environment variables the rollout engine's processes need on this platform."""
+    def vendor_env(self) -> dict[str, str]:
+        """Variables rlctl sets for the worker processes on this platform when the user has not."""
         return {}
+
+    def rollout_env(self) -> dict[str, str]:
+        """The worker processes' vendor variables: rlctl's default for each of :meth:`vendor_env`,
+        or the user's own value when it is already set (passed on so every Ray node sees it)."""
+        return {k: self.host.env.get(k, v) for k, v in self.vendor_env().items()}
+
+    def env_sources(self) -> dict[str, dict[str, str]]:
+        """Which vendor variables rlctl sets (``rlctl_sets``) and which it found set (``user_set``)."""
+        sets: dict[str, str] = {}
+        found: dict[str, str] = {}
+        for k, v in self.vendor_env().items():
+            if k in self.host.env:
+                found[k] = self.host.env[k]
+            else:
+                sets[k] = v
+        return {"rlctl_sets": sets, "user_set": found}
 
     def device_count(self) -> int:
         """Devices seen by the probe (0 when not found; 1 for CPU)."""
@@ -125,6 +146,13 @@ class Platform:
     def rollout_attention_candidates(self) -> list[Candidate]:
         """vLLM attention backends in preference order (empty where vLLM does not run)."""
         return []
+
+    def engine_install_hint(self, engine: str) -> str:
+        """How to install ``engine`` on this platform (one command or one sentence)."""
+        if engine == "hf":
+            needs = self.engine_dists.get("hf", ("transformers",))
+            return "pip install " + " ".join(needs)
+        return f"pip install 'rlctl[{engine}]'"
 
     def rollout_engines(self) -> list[str]:
         """Rollout engines in preference order on this platform."""
@@ -182,7 +210,7 @@ class Platform:
                 ) + ")"
         return None, (
             f"none of the {self.name} platform's rollout engines ({', '.join(wanted)}) is installed; "
-            f"pip install 'rlctl[{wanted[0]}]', or set rollout.engine = \"hf\" to use HF transformers"
+            f'{self.engine_install_hint(wanted[0])}, or set rollout.engine = "hf" to use HF transformers'
         )
 
     # ------------------------------------------------------------ pins
@@ -212,6 +240,8 @@ class Platform:
             "visible_devices_env": self.visible_devices_env,
             "ray_noset_env": self.ray_noset_env,
             "rollout_env": self.rollout_env(),
+            "rollout_env_sources": self.env_sources(),
+            "device_count": self.device_count(),
             "attention_impl": self.attention_impl(),
             "attention_candidates": [vars(c) for c in self.attention_candidates()],
             "rollout_attention_candidates": [vars(c) for c in self.rollout_attention_candidates()],

@@ -141,6 +141,22 @@ class DistIndex:
         """Every installed distribution by normalised name."""
         return dict(self._load())
 
+    def entry_points(self, group: str) -> list[tuple[str, str, str]]:
+        """``(dist, name, value)`` of every installed entry point in ``group`` (read from metadata).
+
+        Used for ``torch.backends``: torch >= 2.5 imports each of them inside ``import torch``
+        (torch/__init__.py ``_import_device_backends``), so one broken plugin breaks torch.
+        """
+        self._load()
+        out = []
+        for key, dist in self._raw.items():
+            try:
+                eps = [ep for ep in dist.entry_points if ep.group == group]
+            except Exception:
+                continue
+            out += [(key, ep.name, ep.value) for ep in eps]
+        return out
+
     def locate(self, name: str, relpath: str) -> Path | None:
         """A file shipped next to a distribution (e.g. ``torch/version.py``), if it exists."""
         self._load()

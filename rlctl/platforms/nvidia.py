@@ -1,7 +1,9 @@
 """NVIDIA CUDA: NCCL collectives, Ray ``GPU`` resources, vLLM / SGLang rollout, FlashAttention.
 
 Detection reads the kernel module and device files, then asks NVML (nvidia-ml-py) in a child
-process for driver, CUDA driver version and devices.
+process for driver, CUDA driver version and devices. A container started without GPU access
+still sees the host's ``/sys/module/nvidia`` but has no ``/dev/nvidia[0-9]*`` and no
+``libnvidia-ml.so.1`` (NVML_ERROR_LIBRARY_NOT_FOUND = 12): that is "not found", with a hint.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from typing import Any
 
 from rlctl.platforms.base import Candidate, Platform, ProbeResult, choose
 
-# NVML error codes worth a specific hint (nvml.h)
+# NVML error codes worth a specific hint (nvml.h; nvidia-ml-py pynvml.py NVML_ERROR_* constants)
 NVML_HINTS = {
     4: "no permission to the NVIDIA device files",
     9: "the NVIDIA kernel driver is not loaded",
@@ -46,6 +48,23 @@ class NvidiaPlatform(Platform):
             err = smi.get("error", "unknown error")
             hint = NVML_HINTS.get(smi.get("code", -1), "")
             details["smi_error"] = err + (f" ({hint})" if hint else "")
+            if not dev_files and not wsl:
+                # the host's module shows through /sys, but this process has no GPU: a container
+                # started without --gpus / the NVIDIA Container Toolkit, or a driver not loaded
+                details["near_miss"] = (
+                    "the NVIDIA kernel module is visible but there is no /dev/nvidia[0-9]* and NVML "
+                    f"failed ({err}): a container without GPU access?"
+                )
+                details["near_miss_fix"] = (
+                    "start the container with GPU access (docker run --gpus all, or the NVIDIA "
+                    "Container Toolkit / device plugin), or set RLCTL_PLATFORM=cpu to run on CPU"
+                )
+                return ProbeResult(
+                    False,
+                    f"no usable NVIDIA GPU: kernel module visible but no /dev/nvidia[0-9]* and NVML "
+                    f"failed: {details['smi_error']}",
+                    details,
+                )
             return ProbeResult(
                 True, f"NVIDIA driver files present but NVML failed: {details['smi_error']}", details
             )
@@ -71,8 +90,9 @@ class NvidiaPlatform(Platform):
     def ray_noset_env(self) -> str:
         return "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 
-    def rollout_env(self) -> dict[str, str]:
-        # cuMem allocations make NCCL-based weight sync into vLLM/SGLang hang (verl#7564)
+    def vendor_env(self) -> dict[str, str]:
+        # cuMem allocations can make NCCL weight sync into vLLM/SGLang hang (verl constants); a
+        # value the user set wins (verl#7564: GB300-class systems run with NCCL_CUMEM_ENABLE=1)
         return {"NCCL_CUMEM_ENABLE": "0"}
 
     def compute_capability(self) -> tuple[int, int] | None:

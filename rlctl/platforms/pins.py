@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
 
 from rlctl.errors import UserError
 from rlctl.platforms.dists import Dist, DistIndex, TorchBuild, parse_version
@@ -30,9 +31,11 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "cuda-driver": ("floors",),
     "rocm": ("min",),
     "rocm-arch": ("arch_min",),
-    "matrix": ("package", "rows"),
+    "matrix": ("package", "matrix", "check"),
     "env": ("variable", "value"),
+    "env-default": ("variable", "value"),
     "env-unset": ("variable",),
+    "env-ignored": ("variable", "package", "file"),
     "wheel-flavour": ("package", "flavour"),
     "forbidden": ("package",),
     "import": ("package", "module"),
@@ -89,6 +92,7 @@ def parse_pins(text: str, origin: str = "pins.toml") -> list[Pin]:
         raise UserError(f"{origin}: not valid TOML: {exc}") from exc
     pins: list[Pin] = []
     seen: set[str] = set()
+    matrices = data.get("matrices", {})
     for i, raw in enumerate(data.get("pin", [])):
         where = f"{origin}: pin[{i}]" + (f" ({raw['id']})" if "id" in raw else "")
         for key in _COMMON:
@@ -108,10 +112,24 @@ def parse_pins(text: str, origin: str = "pins.toml") -> list[Pin]:
         severity = raw.get("severity", "fail")
         if severity not in ("fail", "warn"):
             raise UserError(f"{where}: severity {severity!r} must be 'fail' or 'warn'")
+        if kind == "matrix":
+            table = matrices.get(raw["matrix"])
+            if not isinstance(table, dict) or not isinstance(table.get("rows"), list):
+                raise UserError(
+                    f"{where}: matrix {raw['matrix']!r} is not a [matrices.{raw['matrix']}] table"
+                )
+        for pkg, spec in (raw.get("only_if") or {}).items():
+            try:
+                SpecifierSet(spec)
+            except InvalidSpecifier as exc:
+                raise UserError(f"{where}: only_if {pkg} {spec!r} is not a version specifier") from exc
         if raw["id"] in seen:
             raise UserError(f"{where}: duplicate id {raw['id']!r}")
         seen.add(raw["id"])
         params = {k: v for k, v in raw.items() if k not in (*_COMMON, "severity", "platforms")}
+        if kind == "matrix":
+            params["rows"] = matrices[raw["matrix"]]["rows"]
+            params["matrix_source"] = matrices[raw["matrix"]].get("source", "")
         pins.append(
             Pin(
                 id=raw["id"],
@@ -243,27 +261,63 @@ def _rocm_arch(pin: Pin, f: Facts) -> PinOutcome:
     return PinOutcome("ok", f"ROCm {have} supports {', '.join(archs)}")
 
 
+def normalize_cann(version: str | None) -> str:
+    """CANN versions as written by different files: quotes, spaces and case dropped
+    (``"8.3.RC1"`` in a quoted ``version=`` line and ``8.3.rc1`` compare equal)."""
+    return (version or "").strip().strip("\"'").strip().lower()
+
+
+def _public(version: str | None) -> Version | None:
+    v = parse_version(version)
+    return parse_version(v.public) if v is not None else None
+
+
+def _as_list(value: Any) -> list[str]:
+    return [str(x) for x in value] if isinstance(value, (list, tuple)) else [str(value)]
+
+
+def _matrix_cell_ok(name: str, have: str | None, want: list[str]) -> tuple[bool, str]:
+    """Does the installed ``have`` satisfy the row's ``want``? (ok, note)"""
+    if have is None:
+        return False, ""
+    if name == "cann":
+        return normalize_cann(have) in {normalize_cann(w) for w in want}, ""
+    if name in ("torch", "torch-npu"):
+        # same release is what the row pins; a different .postN build of the same release is noted
+        ok = any(_release3(have) == _release3(w) for w in want)
+        exact = any(_public(have) == _public(w) for w in want)
+        return ok, "" if exact or not ok else f"{name} {have} (row lists {'/'.join(want)})"
+    return any(_public(have) == _public(w) for w in want), ""
+
+
 def _matrix(pin: Pin, f: Facts) -> PinOutcome:
+    """The installed package's row of a compatibility matrix; ``check`` names the columns."""
     d = _installed(f, pin.params["package"])
     if d is None:
         return PinOutcome("n/a", f"{pin.params['package']} is not installed")
-    row = next((r for r in pin.params["rows"] if r.get(d.name) == d.version), None)
+    mine = _public(d.version)
+    row = next((r for r in pin.params["rows"] if _public(str(r.get(d.name))) == mine), None)
     if row is None:
-        return PinOutcome("unknown", f"{d.name} {d.version} is not in rlctl's compatibility matrix")
-    bad = []
-    for name, want in row.items():
-        if name == d.name:
-            continue
+        known = ", ".join(str(r.get(d.name)) for r in pin.params["rows"][:3])
+        return PinOutcome(
+            "unknown",
+            f"{d.name} {d.version} is not in rlctl's copy of the matrix (newest rows: {known}); "
+            f"{pin.params.get('matrix_source', '')}".rstrip("; "),
+        )
+    bad, notes = [], []
+    for name in pin.params["check"]:
+        want = _as_list(row.get(name, []))
         have = f.details.get("cann_version") if name == "cann" else f.dists.version(name)
-        if name == "torch-npu" or name == "torch":
-            ok = have is not None and _release3(have) == _release3(want)
-        else:
-            ok = have == want
+        ok, note = _matrix_cell_ok(name, have, want)
         if not ok:
-            bad.append(f"{name} {have or 'missing'} (wants {want})")
+            bad.append(f"{name} {have or 'missing'} (wants {' or '.join(want)})")
+        elif note:
+            notes.append(note)
     if bad:
         return PinOutcome("violated", f"{d.name} {d.version}: {', '.join(bad)}: {pin.symptom}")
-    return PinOutcome("ok", f"{d.name} {d.version} row matches")
+    cols = ", ".join(f"{n} {'/'.join(_as_list(row.get(n, [])))}" for n in pin.params["check"])
+    extra = f"; note: {'; '.join(notes)}" if notes else ""
+    return PinOutcome("ok", f"{d.name} {d.version} row matches ({cols}){extra}")
 
 
 def _env(pin: Pin, f: Facts) -> PinOutcome:
@@ -274,11 +328,43 @@ def _env(pin: Pin, f: Facts) -> PinOutcome:
     return PinOutcome("violated", f"{var}={have} (expected {want} or unset): {pin.symptom}")
 
 
+def _env_default(pin: Pin, f: Facts) -> PinOutcome:
+    """rlctl sets ``variable=value`` for the workers only when the user has not set it."""
+    var, default = pin.params["variable"], pin.params["value"]
+    have = f.env.get(var)
+    if have is None:
+        return PinOutcome("ok", f"{var} is unset: rlctl sets {var}={default} for the worker processes")
+    if have == default:
+        return PinOutcome("ok", f"{var}={have} (rlctl's default too)")
+    return PinOutcome("ok", f"{var}={have} is yours and is kept (rlctl's default is {default})")
+
+
 def _env_unset(pin: Pin, f: Facts) -> PinOutcome:
     var = pin.params["variable"]
+    unless = [u for u in pin.params.get("unless", []) if u in f.env]
+    if var in f.env and unless:
+        return PinOutcome("ok", f"{var} is set, but so is {unless[0]}, which takes precedence")
     if var in f.env:
         return PinOutcome("violated", f"{var} is set: {pin.symptom}")
     return PinOutcome("ok", f"{var} is unset")
+
+
+def _env_ignored(pin: Pin, f: Facts) -> PinOutcome:
+    """``variable`` set although the installed ``package`` never reads it (its ``file`` is read)."""
+    var, pkg = pin.params["variable"], pin.params["package"]
+    if var not in f.env:
+        return PinOutcome("ok", f"{var} is unset")
+    d = _installed(f, pkg)
+    if d is None:
+        return PinOutcome("n/a", f"{var} is set; {pkg} is not installed")
+    path = f.dists.locate(pkg, pin.params["file"])
+    if path is None:
+        return PinOutcome("unknown", f"{var} is set; cannot read {pin.params['file']} of {pkg} {d.version}")
+    if var in path.read_text(encoding="utf-8", errors="replace"):
+        return PinOutcome("ok", f"{var} is set and {pkg} {d.version} reads it ({pin.params['file']})")
+    return PinOutcome(
+        "violated", f"{var} is set but {pkg} {d.version} never reads it ({pin.params['file']}): {pin.symptom}"
+    )
 
 
 def _wheel_flavour(pin: Pin, f: Facts) -> PinOutcome:
@@ -325,7 +411,9 @@ _EVAL: dict[str, Callable[[Pin, Facts], PinOutcome]] = {
     "rocm-arch": _rocm_arch,
     "matrix": _matrix,
     "env": _env,
+    "env-default": _env_default,
     "env-unset": _env_unset,
+    "env-ignored": _env_ignored,
     "wheel-flavour": _wheel_flavour,
     "forbidden": _forbidden,
     "import": _import,
@@ -336,6 +424,10 @@ def evaluate_pin(pin: Pin, facts: Facts) -> PinOutcome:
     """Check one pin; never raises (an evaluation bug becomes ``unknown`` with the error)."""
     if not pin.applies_to(facts.platform):
         return PinOutcome("n/a", f"applies to {', '.join(pin.platforms)} only")
+    for pkg, spec in (pin.params.get("only_if") or {}).items():
+        have = facts.dists.version(pkg)
+        if have is None or not _contains(spec, have):
+            return PinOutcome("n/a", f"applies only with {pkg}{spec} ({pkg} {have or 'not installed'})")
     try:
         return _EVAL[pin.kind](pin, facts)
     except Exception as exc:  # keep doctor alive on odd metadata

@@ -16,6 +16,7 @@ from typing import Any
 from rlctl.errors import UserError
 from rlctl.platforms.ascend import AscendPlatform
 from rlctl.platforms.base import Platform, ProbeResult
+from rlctl.platforms.bounded import call_bounded, probe_timeout
 from rlctl.platforms.cpu import CpuPlatform
 from rlctl.platforms.host import Host
 from rlctl.platforms.nvidia import NvidiaPlatform
@@ -69,10 +70,11 @@ def _load_plugins(eps: list[Any], host: Host) -> tuple[dict[str, Platform], dict
     """Instantiate each out-of-tree plugin; failures are kept as reasons, never raised."""
     plugins: dict[str, Platform] = {}
     errors: dict[str, str] = {}
+    limit = probe_timeout(host.env)
     for ep in eps:
         try:
-            obj = ep.load()
-            plat = obj(host=host)
+            # importing a plugin runs its code: bounded in time and isolated from sys.exit
+            plat = call_bounded(lambda ep=ep: ep.load()(host=host), limit, f"plugin {ep.name} load")
             if not isinstance(plat, Platform):
                 raise TypeError(f"{ep.value} returned {type(plat).__name__}, not a rlctl Platform")
             plugins[ep.name] = plat

@@ -2,7 +2,12 @@
 
 Detection: ``/sys/module/amdgpu/initstate`` is ``live`` and ``/dev/kfd`` exists; GPU archs come
 from the KFD topology in sysfs, the ROCm version from ``/opt/rocm/.info/version``, device names
-from pyrsmi in a child process. ``amdsmi`` is never used (it crashes on hosts without ROCm).
+from pyrsmi in a child process (pyrsmi 1.1.0 ``rocml.py`` loads ``libamd_smi.so`` through ctypes).
+rlctl never imports ``amdsmi`` in its own process, but Ray does: Ray 2.60's AMD accelerator
+manager counts GPUs through the ``amdsmi`` Python package (``ray/_private/accelerators/amd_gpu.py``
+-> ``ray/_private/thirdparty/pyamdsmi/pyamdsmi.py``). Without it Ray reports 0 GPUs; with it on a
+host whose ``libamd_smi.so`` cannot be found, ``import ray`` raises ``KeyError: 'libamd_smi.so'``
+(amdsmi 7.0.2 ``amdsmi_wrapper.py``). :meth:`RocmPlatform.ray_gpu_check` reads both facts.
 """
 
 from __future__ import annotations
@@ -12,6 +17,12 @@ from typing import Any
 from rlctl.platforms.base import Candidate, Platform, ProbeResult, choose
 from rlctl.platforms.dists import parse_version
 
+# Ray's shim that wraps amdsmi (Ray 2.60: "import amdsmi" at module level, ImportError caught)
+RAY_AMDSMI_SHIM = "ray/_private/thirdparty/pyamdsmi/pyamdsmi.py"
+AMDSMI_FIX = (
+    "pip install the amdsmi matching your ROCm (pip install /opt/rocm/share/amd_smi, or "
+    "pip install amdsmi==<ROCm version>)"
+)
 CK_ARCHS = ("gfx90a", "gfx942", "gfx950")  # archs the ROCm flash-attn CK backend builds for
 AITER_ARCHS = ("gfx942", "gfx950")
 FP8_ARCHS = ("gfx942", "gfx950")
@@ -103,11 +114,67 @@ class RocmPlatform(Platform):
     def ray_noset_env(self) -> str:
         return f"RAY_EXPERIMENTAL_NOSET_{self.visible_devices_env}"
 
+    def ray_gpu_check(self) -> tuple[str, str, str]:
+        """Can the installed Ray count this host's AMD GPUs? ``(status, reason, fix)`` with
+        status ok | fail | n/a, read from Ray's own shim and the amdsmi install (nothing imported)."""
+        d = self.host.dists
+        ray = d.get("ray")
+        if ray is None:
+            return "n/a", "ray is not installed", ""
+        shim = d.locate("ray", RAY_AMDSMI_SHIM)
+        try:
+            text = shim.read_text(encoding="utf-8", errors="replace") if shim else ""
+        except OSError:
+            text = ""
+        if "import amdsmi" not in text:
+            return "ok", f"Ray {ray.version}'s AMD GPU detection does not use the amdsmi package", ""
+        amdsmi = d.get("amdsmi")
+        if amdsmi is None:
+            return (
+                "fail",
+                f"Ray {ray.version} counts AMD GPUs only through the amdsmi Python package ({RAY_AMDSMI_SHIM}),"
+                " which is not installed: Ray reports 0 GPUs and every GPU placement group waits forever",
+                AMDSMI_FIX,
+            )
+        lib = self._libamd_smi()
+        if lib is None:
+            return (
+                "fail",
+                f"amdsmi {amdsmi.version} is installed but libamd_smi.so is not under $ROCM_PATH/lib, "
+                "$LD_LIBRARY_PATH or the amdsmi package: `import ray` raises KeyError: 'libamd_smi.so'",
+                "install ROCm's amd-smi library (amd-smi-lib) or set ROCM_PATH to the ROCm install",
+            )
+        return "ok", f"Ray {ray.version} counts AMD GPUs through amdsmi {amdsmi.version} ({lib})", ""
+
+    def _libamd_smi(self) -> str | None:
+        """Where amdsmi would load libamd_smi.so from (amdsmi 7.0.2 ``find_smi_library`` order)."""
+        env = self.host.env
+        dirs = [f"{p}/lib" for p in (env.get("ROCM_HOME"), env.get("ROCM_PATH")) if p]
+        dirs += [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
+        dirs.append(f"{self.rocm_path()}/lib")
+        for folder in dirs:
+            if self.host.exists(f"{folder}/libamd_smi.so"):
+                return f"{folder}/libamd_smi.so"
+        bundled = self.host.dists.locate("amdsmi", "amdsmi/libamd_smi.so")
+        return str(bundled) if bundled else None
+
+    def engine_install_hint(self, engine: str) -> str:
+        if engine == "vllm":
+            return (
+                "install a ROCm build of vLLM (the rocm/vllm container, or build vLLM from source for "
+                "ROCm; the PyPI vllm wheel is CUDA-only)"
+            )
+        if engine == "sglang":
+            return "install a ROCm build of SGLang (the ROCm SGLang container, or build it from source)"
+        return super().engine_install_hint(engine)
+
     def _aiter_usable(self) -> tuple[bool, str]:
-        aiter = self.host.dists.get("aiter") or self.host.dists.get("amd-aiter")
+        # AMD's aiter is the "amd-aiter" distribution (ROCm/aiter setup.py PACKAGE_NAME); the PyPI
+        # project called "aiter" is an unrelated async-iterator library
+        aiter = self.host.dists.get("amd-aiter")
         archs = self.probe().details.get("gfx_archs", [])
         if aiter is None:
-            return False, "aiter not installed"
+            return False, "amd-aiter not installed"
         if not archs or not all(a in AITER_ARCHS for a in archs):
             return (
                 False,
@@ -115,7 +182,7 @@ class RocmPlatform(Platform):
             )
         return True, f"aiter {aiter.version} on {', '.join(archs)}"
 
-    def rollout_env(self) -> dict[str, str]:
+    def vendor_env(self) -> dict[str, str]:
         env = {"NCCL_CUMEM_ENABLE": "0"}  # RCCL honours NCCL_* variables; same weight-sync hang
         if self._aiter_usable()[0]:
             env.update({"VLLM_ROCM_USE_AITER": "1", "SGLANG_USE_AITER": "1"})

@@ -99,21 +99,68 @@ def query_rocml(rocml: Any) -> dict[str, Any]:
             rocml.smi_shutdown()
 
 
-_NPU_ROW = re.compile(r"^\|\s*(\d+)\s+(\S+)\s*\|\s*(\S+)\s*\|")
 _NPU_VERSION = re.compile(r"Version:\s*([0-9A-Za-z.\-]+)")
+_BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
+_INT_WORDS = re.compile(r"^(\d+)(?:\s+(\d+))?$")
+
+
+def _cells(line: str) -> list[str]:
+    """``| a | b |`` -> ``["a", "b"]`` (table borders and blank cells kept as "")."""
+    return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
 def parse_npu_smi(text: str) -> dict[str, Any]:
-    """Parse ``npu-smi info``: the driver version and one row per NPU (id, name, health)."""
+    """Parse ``npu-smi info``: the driver version, one entry per NPU chip, and the process table.
+
+    The device table has two rows per chip: ``NPU Name | Health`` then ``Chip [Phy-ID] | Bus-Id``.
+    On Atlas A2 (910B) each NPU has one chip; on Atlas A3 each NPU id is printed once per chip
+    (two chips, each its own ``/dev/davinciN`` and Phy-ID). After the device table comes a process
+    table (``NPU Chip | Process id | Process name | Process memory(MB)``) whose rows must not count
+    as devices. Layouts recorded from npu-smi 25.2.0 (910B3, vllm-project/vllm-ascend#6512) and
+    npu-smi 25.2.3 (A3 "Ascend910", vllm-project/vllm-ascend#4930); see tests/platforms/fakes.py.
+    """
     version = _NPU_VERSION.search(text)
-    devices = []
+    devices: list[dict[str, Any]] = []
+    processes: list[dict[str, Any]] = []
+    pending: dict[str, Any] | None = None  # the "NPU Name | Health" row waiting for its chip row
+    in_processes = False
     for line in text.splitlines():
-        m = _NPU_ROW.match(line)
-        if m and not m.group(3).startswith("0000:"):  # the second row of each NPU is chip + bus id
-            devices.append({"index": int(m.group(1)), "name": m.group(2), "health": m.group(3)})
+        if not line.strip().startswith("|"):
+            continue
+        cells = _cells(line)
+        if any("Process id" in c for c in cells):
+            in_processes, pending = True, None
+            continue
+        if len(cells) < 2:
+            continue
+        if in_processes:
+            ids = _INT_WORDS.match(cells[0])
+            if ids and len(cells) >= 4 and cells[1].isdigit():
+                proc: dict[str, Any] = {"npu": int(ids.group(1)), "pid": int(cells[1]), "name": cells[2]}
+                if ids.group(2) is not None:
+                    proc["chip"] = int(ids.group(2))
+                mem = cells[3].split()[0] if cells[3].split() else ""
+                if mem.isdigit():
+                    proc["memory_mb"] = int(mem)
+                processes.append(proc)
+            continue
+        first = cells[0].split()
+        if _BUS_ID.match(cells[1]) and pending is not None and first and first[0].isdigit():
+            dev = {"index": len(devices), **pending, "chip": int(first[0]), "bus_id": cells[1]}
+            if len(first) > 1 and first[1].isdigit():
+                dev["phy_id"] = int(first[1])
+            devices.append(dev)
+            pending = None
+        elif len(first) >= 2 and first[0].isdigit() and not first[1].isdigit() and cells[1]:
+            pending = {"npu": int(first[0]), "name": first[1], "health": cells[1]}
     if not devices:
         return {"ok": False, "error": "npu-smi info listed no NPU", "raw_head": text[:200]}
-    return {"ok": True, "driver_version": version.group(1) if version else None, "devices": devices}
+    return {
+        "ok": True,
+        "driver_version": version.group(1) if version else None,
+        "devices": devices,
+        "processes": processes,
+    }
 
 
 def _main_nvidia() -> dict[str, Any]:

@@ -166,8 +166,20 @@ class CriticSection:
 class RewardSection:
     kind: str = field(
         "builtin",
-        "Reward source: builtin (the task's verifier), exact, numeric, math, custom, code, reward_model.",
-        choices=("builtin", "exact", "numeric", "math", "custom", "code", "reward_model"),
+        "Reward source: builtin (the task's verifier), exact, numeric, math (the response's final "
+        "answer: last box, after ####, or last number, by value), verl (verl's default scorer chosen "
+        "by each row's data_source: openai/gsm8k, MATH, math_dapo/aime; unknown sources fail), "
+        "custom, code, reward_model.",
+        choices=("builtin", "exact", "numeric", "math", "verl", "custom", "code", "reward_model"),
+    )
+    gsm8k_method: str = field(
+        "strict",
+        "kind = verl, openai/gsm8k rows: strict (the last '#### N', verl's default) or flexible "
+        "(the last number).",
+        choices=("strict", "flexible"),
+    )
+    format_score: float = field(
+        0.0, "kind = verl, openai/gsm8k rows: reward for an answer found but wrong (verl's format_score)."
     )
     function: str = field(
         "", "Custom reward 'path/to/file.py:name' (kind = custom); the only code a profile runs."
@@ -191,7 +203,7 @@ class RewardSection:
     )
     workers: int = field(
         0,
-        "Scorer processes for custom/math rewards (a timeout kills and replaces one), concurrent "
+        "Scorer processes for custom/math/verl rewards (a timeout kills and replaces one), concurrent "
         "sandboxes for code rewards; 0 = min(4, CPU count).",
         ge=0,
     )
@@ -214,6 +226,43 @@ class TrainerSection:
         "(0 = off).",
         ge=0,
     )
+    log_samples: int = field(
+        4,
+        "Decoded prompt/response/score/ground-truth rows written to RUN_DIR/samples.jsonl at each "
+        "validation and every log_samples_every steps; rlctl report shows them (0 = off).",
+        ge=0,
+    )
+    log_samples_every: int = field(
+        10, "Write training samples every N steps (0 = only at the end); validation always writes.", ge=0
+    )
+    mode: str = field(
+        "sync",
+        "sync (generate, then train, every step on-policy); one_step_off (batch k+1 is generated "
+        "with the weights before step k's update while step k trains, deterministic); async "
+        "(batches streamed ahead within max_staleness policy versions, newest weights pushed to the "
+        "rollout workers before each generation). Off-policy modes run the rollout engine in its "
+        "own workers and correct every sample with importance weights (decoupled PPO).",
+        choices=("sync", "one_step_off", "async"),
+    )
+    max_staleness: int = field(
+        1,
+        "async: most policy versions a trained sample may lag the policy it trains (0 = on-policy, "
+        "no overlap); one_step_off always lags exactly 1.",
+        ge=0,
+    )
+
+
+@dataclass
+class AgentSection:
+    env: str = field(
+        "",
+        "Multi-turn environment: builtin:calculator or 'path/to/file.py:ClassName' (an "
+        "rlctl.agents.Environment); empty = single-turn rollout. Like reward.function, code a profile runs.",
+    )
+    max_turns: int = field(
+        4, "Model turns per episode; rollout.max_new_tokens bounds model + tool tokens together.", ge=1
+    )
+    max_turn_tokens: int = field(0, "Most tokens one model turn may sample (0 = only the budget).", ge=0)
 
 
 @dataclass
@@ -247,6 +296,7 @@ class Profile:
     reward: RewardSection = None  # type: ignore[assignment]
     trainer: TrainerSection = None  # type: ignore[assignment]
     sft: SftSection = None  # type: ignore[assignment]
+    agent: AgentSection = None  # type: ignore[assignment]
     source: str = ""  # the file it was loaded from (not a profile key)
 
     @property
@@ -278,5 +328,6 @@ SECTIONS: dict[str, type] = {
     "reward": RewardSection,
     "trainer": TrainerSection,
     "sft": SftSection,
+    "agent": AgentSection,
 }
 TOP_LEVEL_KEYS = ("extends", "description")

@@ -1,4 +1,4 @@
-"""Turn a run directory into plots, ``report.md`` and a ``Summary``."""
+"""Turn a run directory into plots, ``report.md`` (summary, plots, sample tables) and a ``Summary``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlctl.report.reader import load_metrics
+from rlctl.report.samples import samples_markdown
 from rlctl.report.summary import Summary, summarize, summary_lines
 
 PLOT_DIR = "plots"
@@ -17,13 +18,16 @@ REPORT_FILE = "report.md"
 
 @dataclass
 class Report:
-    """What ``build_report`` produced: the summary, the PNG paths, the markdown path."""
+    """What ``build_report`` produced: the summary, the PNG paths, the markdown path, and how
+    many sample rows (from ``samples.jsonl``) its tables show."""
 
     run_dir: Path
     summary: Summary
     plots: list[Path] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     markdown: Path | None = None
+    sample_rows: int = 0
+    samples_md: str = field(default="", repr=False)
 
     def to_dict(self) -> dict:
         return {
@@ -32,6 +36,7 @@ class Report:
             "plots": [str(p) for p in self.plots],
             "skipped_plots": self.skipped,
             "report": str(self.markdown) if self.markdown else None,
+            "sample_rows": self.sample_rows,
         }
 
 
@@ -40,7 +45,8 @@ def _markdown(report: Report, md_path: Path) -> str:
     images = "\n\n".join(
         f"![{p.stem}]({Path(os.path.relpath(p, md_path.parent)).as_posix()})" for p in report.plots
     )
-    return f"# rlctl report: {report.run_dir.name}\n\n| | |\n|---|---|\n{rows}\n\n{images}\n"
+    head = f"# rlctl report: {report.run_dir.name}\n\n| | |\n|---|---|\n{rows}\n\n{images}\n"
+    return f"{head}\n{report.samples_md}" if report.samples_md else head
 
 
 def build_report(
@@ -74,6 +80,7 @@ def build_report(
         else:
             report.skipped.append(name)
             path.unlink(missing_ok=True)  # no stale plot from an earlier report of this run
+    report.samples_md, report.sample_rows = samples_markdown(run_dir)
     md_path = (out if out_dir is not None else run_dir) / REPORT_FILE
     md_path.write_text(_markdown(report, md_path), encoding="utf-8")
     report.markdown = md_path

@@ -72,7 +72,7 @@ class RankExecutor:
         for lt in plan.src.ranks[rank]:
             if lt.name not in sources:
                 raise RunError(f"reshard rank {rank}: source tensor {lt.name!r} missing ({plan.src.kind})")
-            t = local_tensor(sources[lt.name])
+            t = local_tensor(sources[lt.name]).detach()  # a weight move: never part of an autograd graph
             if tuple(t.shape) != lt.shape:
                 raise RunError(
                     f"reshard rank {rank}: {lt.name!r} has shape {tuple(t.shape)}, {plan.src.kind} expects {lt.shape}"
@@ -89,6 +89,7 @@ class RankExecutor:
             )
         self.device = torch.device(device)
         self._dst: dict[int, torch.Tensor] = {}
+        self._given: dict[int, torch.Tensor] = {}  # caller's tensors, handed back as given
 
     def _alloc(self, ti: int) -> None:
         lt = self.plan.dst.ranks[self.rank][ti]
@@ -99,7 +100,8 @@ class RankExecutor:
                     f"reshard rank {self.rank}: out[{lt.name!r}] is {tuple(given.shape)} {given.dtype}, "
                     f"{self.plan.dst.kind} needs {lt.shape} {self.dtype}"
                 )
-            t = given
+            t = given.detach()  # same storage: filled in place without autograd (parameters may need grad)
+            self._given[ti] = given
         else:
             t = torch.empty(lt.shape, dtype=self.dtype, device=self.device)
             self.meter.add(outputs=t.numel() * t.element_size())
@@ -151,6 +153,7 @@ class RankExecutor:
         names = self.plan.dst.ranks[self.rank]
         for ti in rr.complete:
             t = self._dst.pop(ti)
+            t = self._given.pop(ti, t)
             if names[ti].name not in self._out:
                 self.meter.add(outputs=-t.numel() * t.element_size())
             done.append((names[ti].name, t))

@@ -7,7 +7,7 @@ no ``score``, not finite) scores 0 and counts in ``reward/errors``; one that run
 ``timeout_s`` (or reports ``timed_out``) scores 0 and counts in ``reward/timeouts``.
 
 Where the work runs:
-- custom and math scorers (and any scorer given a ``timeout_s``): a pool of worker processes
+- custom, math and verl scorers (and any scorer given a ``timeout_s``): a pool of worker processes
   (``rlctl.rewards.pool``); a sample past its limit is killed with its process, which is replaced;
 - code: threads that each wait on one sandboxed subprocess (the sandbox bounds and kills it);
 - builtin, exact, numeric: inline (microseconds per sample, nothing to bound).
@@ -38,8 +38,9 @@ from rlctl.rewards.custom import load_custom_reward
 from rlctl.rewards.pool import Outcome, ScorerPool, describe
 from rlctl.rewards.sandbox import SandboxLimits
 from rlctl.rewards.verifiers import VERIFIERS, load_verifier
+from rlctl.rewards.verl import check_sources, load_verl_scorer
 
-KINDS = ("builtin", "exact", "numeric", "math", "custom", "code", "reward_model")
+KINDS = ("builtin", "exact", "numeric", "math", "verl", "custom", "code", "reward_model")
 VERIFIER_KINDS = ("builtin", "exact", "numeric", "math", "code")  # 0/1 scores: acc = score
 # One scorer error in ten samples is already far above what a correct scorer produces (none), yet
 # leaves room for a rare parser failure on a garbled response; past it, a tenth of the batch would
@@ -129,6 +130,8 @@ class RewardManager:
         extra_infos = list(extra_infos) if extra_infos is not None else [{} for _ in range(n)]
         if not (len(data_sources) == len(ground_truths) == len(extra_infos) == n):
             raise ValueError("reward inputs must all have the same length")
+        if self.kind == "verl":  # an unknown data_source stops the step, named, before any scoring
+            check_sources(data_sources)
         if self.kind == "reward_model":
             results = self._score_with_model(list(prompts or []), list(solutions))
         else:
@@ -249,13 +252,17 @@ def build_reward_manager(
     num_workers: int | None = None,
     device: str = "cpu",
     max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
+    gsm8k_method: str = "strict",
+    format_score: float = 0.0,
 ) -> RewardManager:
     """The RewardManager a profile asks for.
 
     kind: builtin (built-in task verifiers by data_source) | exact | numeric | math |
+    verl (verl's default scorer by each row's data_source: GSM8K, MATH, DAPO; see rlctl.rewards.verl) |
     custom (``function="path/file.py:name"``) | code (sandboxed execution) |
     reward_model (``model_path``: a local sequence-classification model).
-    Defaults: builtin/exact/numeric run inline; math and custom run in ``num_workers`` scorer
+    ``gsm8k_method`` (strict | flexible) and ``format_score`` are verl's GSM8K options (kind = verl).
+    Defaults: builtin/exact/numeric run inline; math, verl and custom run in ``num_workers`` scorer
     processes with a 10 s per-sample timeout; code runs ``num_workers`` sandboxes at once.
     """
     workers = num_workers or default_workers()
@@ -282,6 +289,12 @@ def build_reward_manager(
         timeout_s = 10.0 if timeout_s is None else timeout_s
         loader = functools.partial(load_verifier, "math")
         return RewardManager(VERIFIERS[kind], kind, timeout_s, workers, loader=loader, name="math", **common)
+    if kind == "verl":
+        if gsm8k_method not in ("strict", "flexible"):
+            raise UserError(f"reward.gsm8k_method = {gsm8k_method!r}; expected strict or flexible")
+        timeout_s = 10.0 if timeout_s is None else timeout_s
+        loader = functools.partial(load_verl_scorer, gsm8k_method, format_score)
+        return RewardManager(loader(), kind, timeout_s, workers, loader=loader, name="verl", **common)
     if kind in VERIFIERS:
         return RewardManager(VERIFIERS[kind], kind, timeout_s, 1, name=kind, **common)
     raise UserError(f"reward kind {kind!r} unknown; expected one of: {', '.join(KINDS)}")

@@ -7,13 +7,12 @@ returns 1.0 for a correct answer, 0.0 otherwise. ``solution_str`` is the decoded
 
 from __future__ import annotations
 
-import logging
 import math
 import re
-import threading
 from typing import Any
 
 from rlctl.data.tasks import strip_answer, task_for_source
+from rlctl.rewards.answers import equivalent, final_answer, ground_truth_answer
 
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:,\d{3})*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 
@@ -46,27 +45,14 @@ def numeric_match(
 
 
 def math_match(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
-    """1.0 iff math-verify finds the response's final answer equal to the ground truth.
+    """1.0 iff the response's final answer equals the ground truth's by value (math-verify), else 0.0.
 
-    math-verify bounds its own work with SIGALRM, which only the main thread may use: in a scorer
-    process (``rlctl.rewards.pool``, where the RewardManager runs it) that is where it runs; in
-    any other thread its timeouts are switched off and the caller must bound the time.
+    The final answer is the last ``\\boxed{...}``, else the line after the last ``####``, else the
+    last number (``rlctl.rewards.answers.final_answer``): a number or expression restated from
+    the prompt elsewhere in the response is never compared.
     """
-    from math_verify import parse, verify
-
-    main = threading.current_thread() is threading.main_thread()
-    t = 5 if main else None
-    if not main:  # math-verify warns once that its timeout is off; the RewardManager bounds it
-        for name in ("math_verify.parser", "math_verify.grader"):
-            logging.getLogger(name).setLevel(logging.ERROR)
-    gold_text = str(ground_truth)
-    if "$" not in gold_text and "\\boxed" not in gold_text:
-        gold_text = f"${gold_text}$"
-    gold = parse(gold_text, parsing_timeout=t)
-    pred = parse(strip_answer(solution_str), parsing_timeout=t)
-    if not gold or not pred:
-        return 0.0
-    return float(verify(gold, pred, timeout_seconds=t))
+    pred = final_answer(strip_answer(solution_str))
+    return float(equivalent(pred, ground_truth_answer(ground_truth)))
 
 
 def builtin_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:

@@ -25,6 +25,47 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+# What one validation sample shows on the console (characters): the prompt's end (the question and
+# the template's assistant header), the response's start and end (with its end token).
+SAMPLE_PROMPT_CHARS = 60
+SAMPLE_RESPONSE_CHARS = 120
+SAMPLE_TRUTH_CHARS = 40
+FIRST_PROMPT_CHARS = 4000
+
+
+def clip(text: str, limit: int, keep: str = "middle") -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis: ``keep`` is the part kept (middle:
+    head and tail, tail: the end)."""
+    if len(text) <= limit:
+        return text
+    if keep == "tail":
+        return "…" + text[len(text) - limit + 1 :]
+    head = (limit - 1) // 2
+    return text[:head] + "…" + text[len(text) - (limit - 1 - head) :]
+
+
+def show_sample(row: dict[str, Any]) -> None:
+    """One line for one sample row of ``samples.jsonl`` (see ``rlctl.trainer.samples``).
+
+    Values are printed as Python string literals, so newlines and trailing spaces stay visible.
+    """
+    fields: dict[str, Any] = {"step": row.get("step"), "score": _fmt(row.get("score"))}
+    if row.get("acc") is not None:
+        fields["acc"] = _fmt(row["acc"])
+    fields["ground_truth"] = clip(str(row.get("ground_truth")), SAMPLE_TRUTH_CHARS)
+    fields["prompt"] = clip(str(row.get("prompt", "")), SAMPLE_PROMPT_CHARS, keep="tail")
+    fields["response"] = clip(str(row.get("response", "")), SAMPLE_RESPONSE_CHARS)
+    get_logger("rlctl.train").info(f"{row.get('phase', 'val')} sample", **fields)
+
+
+def show_first_prompt(text: str, tokens: int) -> None:
+    """The first prompt of the run as the model sees it, once at start: a wrong chat template
+    (missing system prompt, doubled BOS, no assistant header) shows here before any training."""
+    get_logger("rlctl.train").info(
+        "first prompt, as rendered for the model", tokens=tokens, text=clip(text, FIRST_PROMPT_CHARS)
+    )
+
+
 class ConsoleBackend:
     """Shows training progress; ``mode`` is ``auto`` (bar when stderr is a terminal), ``bar`` or ``lines``."""
 

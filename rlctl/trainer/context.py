@@ -14,7 +14,7 @@ from rlctl.log import get_logger
 from rlctl.profile.schema import Profile
 from rlctl.trainer import choices
 from rlctl.trainer.evaluate import scorer_for
-from rlctl.trainer.models import load_tokenizer
+from rlctl.trainer.models import load_tokenizer, stop_token_ids
 from rlctl.trainer.scoring import BatchScorer
 from rlctl.trainer.specs import build_specs
 from rlctl.trainer.workers import CriticWorker, PolicyWorker, ReferenceWorker
@@ -57,6 +57,7 @@ class RunContext:
     policy: WorkerGroup
     ref: WorkerGroup | None
     critic: WorkerGroup | None
+    stop_ids: list[int]  # every token that ends a response (see models.stop_token_ids)
 
     def sampling(self, validation: bool = False) -> dict[str, Any]:
         """Sampling parameters sent with each generation request (validation: val_temperature)."""
@@ -68,7 +69,7 @@ class RunContext:
             "top_k": 0 if validation else r.top_k,
             "max_new_tokens": r.max_new_tokens,
             "greedy": validation and r.val_temperature == 0,
-            "eos_token_id": self.tokenizer.eos_token_id,
+            "eos_token_id": self.stop_ids,
             "pad_token_id": self.tokenizer.pad_token_id
             if self.tokenizer.pad_token_id is not None
             else self.tokenizer.eos_token_id,
@@ -122,6 +123,10 @@ def build_context(profile: Profile, run_dir: Path) -> RunContext:
         where=f"{profile.source}: model.path",
     )
     train, val = load_prompts(profile, tokenizer)
+    if profile.reward.kind == "verl":  # an unscorable data_source fails here, before any worker starts
+        from rlctl.rewards.verl import check_sources
+
+        check_sources(train.batcher.dataset.data_sources())
     scorer = scorer_for(profile, tokenizer)
     dtype = choices.compute_dtype(profile, platform)
     engine = choices.rollout_engine(profile, platform)
@@ -182,4 +187,5 @@ def build_context(profile: Profile, run_dir: Path) -> RunContext:
         policy=groups["policy"],
         ref=groups.get("ref"),
         critic=groups.get("critic"),
+        stop_ids=stop_token_ids(profile.model.path, tokenizer),
     )

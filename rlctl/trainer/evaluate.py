@@ -19,10 +19,12 @@ def scorer_for(profile: Profile, tokenizer: Any) -> BatchScorer:
         kind=rw.kind,
         function=rw.function or None,
         model_path=rw.model_path or None,
-        timeout_s=rw.timeout_s if rw.kind in ("custom", "math") else None,
+        timeout_s=rw.timeout_s if rw.kind in ("custom", "math", "verl") else None,
         sandbox=SandboxLimits(timeout_s=rw.timeout_s, memory_mb=rw.memory_mb, level=rw.sandbox),
         num_workers=rw.workers or None,
         max_error_rate=rw.max_error_rate,
+        gsm8k_method=rw.gsm8k_method,
+        format_score=rw.format_score,
     )
     return BatchScorer(
         tokenizer,
@@ -39,6 +41,7 @@ def greedy_accuracy(
     prompts: DataProto,
     scorer: BatchScorer,
     max_new_tokens: int,
+    stop_ids: list[int] | None = None,
     chunk: int = 512,
 ) -> dict[str, float]:
     """Generate greedily with a rollout engine and score; returns accuracy and mean score.
@@ -54,7 +57,7 @@ def greedy_accuracy(
             part.batch["attention_mask"],
             max_new_tokens=max_new_tokens,
             greedy=True,
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_id=stop_ids if stop_ids is not None else tokenizer.eos_token_id,
             pad_token_id=pad,
         )
         scored, _ = scorer.score(DataProto.from_dict(tensors=out, non_tensors=part.non_tensor), shaping=False)
@@ -71,7 +74,7 @@ def evaluate_model(profile: Profile, model_path: str, limit: int | None = None) 
     from rlctl.engines.hf_rollout import HFRolloutEngine
     from rlctl.trainer.choices import single_process_engines
     from rlctl.trainer.context import load_prompts
-    from rlctl.trainer.models import load_tokenizer
+    from rlctl.trainer.models import load_tokenizer, stop_token_ids
 
     tokenizer = load_tokenizer(model_path, profile.model.trust_remote_code)
     _, val = load_prompts(profile, tokenizer)
@@ -87,5 +90,10 @@ def evaluate_model(profile: Profile, model_path: str, limit: int | None = None) 
     )
     with torch.inference_mode():
         return greedy_accuracy(
-            engine, tokenizer, val, scorer_for(profile, tokenizer), profile.rollout.max_new_tokens
+            engine,
+            tokenizer,
+            val,
+            scorer_for(profile, tokenizer),
+            profile.rollout.max_new_tokens,
+            stop_ids=stop_token_ids(model_path, tokenizer),
         )

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlctl.agents.driver import EpisodeRollout, agent_metrics
 from rlctl.algorithms.kl import make_kl_controller
 from rlctl.dispatch import DataProto, WorkerError
 from rlctl.errors import RunError
@@ -29,6 +30,7 @@ from rlctl.trainer import checkpoint
 from rlctl.trainer.context import RunContext
 from rlctl.trainer.fingerprint import LogProbGapAlarm, merge_sync_metrics, skipped_tensor
 from rlctl.trainer.minibatch import layout_mini_batches
+from rlctl.trainer.samples import SampleLog
 from rlctl.trainer.stages import (
     StageTimer,
     batch_metrics,
@@ -54,6 +56,7 @@ class Trainer:
         self.step = 0  # the last completed step
         self.stop_requested = False
         self.train_time_s = 0.0
+        self.samples = SampleLog.off()  # fit() opens the run's samples.jsonl
         self.kl_ctrl = make_kl_controller(
             self.p.algorithm.kl_ctrl,
             self.p.algorithm.kl_coef,
@@ -70,6 +73,8 @@ class Trainer:
             or self.p.algorithm.use_kl_in_reward
             or self.p.algorithm.rollout_correction != "off"
         )
+        # Multi-turn mode (agent.env set): the rollout stage runs episodes, the environment scores them.
+        self.episodes = EpisodeRollout(ctx) if getattr(self.p.agent, "env", "") else None
 
     # -- the loop ------------------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
@@ -84,6 +89,7 @@ class Trainer:
             resume_step=self.step if resumed_from is not None else None,
             source=f"{self.p.source}: trainer.loggers",
         )
+        self.samples = SampleLog.for_run(self.ctx, self.total_steps, self.step if resumed_from else None)
         try:
             return self._fit()
         finally:
@@ -122,6 +128,7 @@ class Trainer:
         timer = StageTimer()
         start = time.perf_counter()
         batch, metrics = self.rollout(timer, step)
+        self.samples.training(batch, step)
         batch = trim_response_padding(batch)
         batch.meta["step"] = step
         if self.recompute_old_log_prob:
@@ -148,7 +155,8 @@ class Trainer:
         self.train_time_s += step_s
         tokens = float(batch.batch["attention_mask"].sum())
         metrics.update(adv_metrics)
-        metrics.update(batch_metrics(batch, self.p.rollout.max_new_tokens))
+        metrics.update(batch_metrics(batch, self.p.rollout.max_new_tokens, self.ctx.stop_ids))
+        metrics.update(agent_metrics(batch.batch))
         metrics.update(self._checked_sync(sync_metrics, metrics, step))
         metrics.update(timer.metrics())
         metrics.update(
@@ -182,7 +190,7 @@ class Trainer:
                 prompts = self.ctx.train_data.next_batch()
                 batch = self.generate(prompts, self.p.rollout.n, seed=self._seed(step, rounds))
             with timer("reward"):
-                batch, scored = self.ctx.reward.score(batch)
+                batch, scored = self.score(batch)
                 add_counts(counts, scored)
                 if algo.adv_estimator == "remax":
                     batch, scored = self._remax_baseline(prompts, batch, step)
@@ -224,8 +232,11 @@ class Trainer:
     ) -> DataProto:
         """n responses per prompt (rows of one prompt adjacent), with the prompt's columns carried.
 
-        ``greedy`` forces argmax decoding whatever the sampling settings say.
+        ``greedy`` forces argmax decoding whatever the sampling settings say. In multi-turn mode
+        each row is an episode (:class:`~rlctl.agents.driver.EpisodeRollout`).
         """
+        if self.episodes is not None:
+            return self.episodes.generate(prompts, n, seed=seed, validation=validation, greedy=greedy)
         rows = prompts.repeat(n, interleave=True)
         request = rows.select(["input_ids", "attention_mask"])
         request.meta.update(self.ctx.sampling(validation=validation), seed=seed)
@@ -241,6 +252,12 @@ class Trainer:
             },
         )
 
+    def score(self, batch: DataProto, *, shaping: bool = True) -> tuple[DataProto, dict[str, float]]:
+        """The profile's reward on a generated batch; in multi-turn mode the environment's."""
+        if self.episodes is not None:
+            return self.episodes.score(batch, self.ctx.reward, shaping=shaping)
+        return self.ctx.reward.score(batch, shaping=shaping)
+
     def _laid_out(self, batch: DataProto, group) -> DataProto:
         """The update's input: mini-batches of whole prompt groups, spread over ``group``'s DP ranks."""
         uids = batch.non_tensor.get("uid")
@@ -253,7 +270,7 @@ class Trainer:
         whatever the validation sampling settings are), with that scoring pass's counts. The
         step's reward metrics stay those of the sampled responses."""
         out = self.generate(prompts, 1, seed=self._seed(step, 0), greedy=True)
-        scored, counts = self.ctx.reward.score(out)
+        scored, counts = self.score(out)
         baseline = scored.batch["scores"].float().repeat_interleave(self.p.rollout.n)
         return batch.union(DataProto.from_dict(tensors={"reward_baselines": baseline})), counts
 
@@ -267,7 +284,7 @@ class Trainer:
         start = time.perf_counter()
         generated = self.generate(self.ctx.val_prompts, 1, seed=0, validation=True)
         try:
-            batch, _ = self.ctx.reward.score(generated, shaping=False)
+            batch, _ = self.score(generated, shaping=False)
         except RunError as exc:
             raise self._record(RunError(f"validation after step {self.step}: {exc}")) from exc
         out = {
@@ -276,7 +293,9 @@ class Trainer:
         }
         if "acc" in batch.batch:
             out["val/accuracy"] = batch.batch["acc"].float().mean().item()
+        out.update({f"val/{k.replace('/', '_')}": v for k, v in agent_metrics(batch.batch).items()})
         log.info("validation", step=self.step, **{k: round(v, 4) for k, v in out.items()})
+        self.samples.validation(batch, self.step)
         return out
 
     # -- checkpoints ---------------------------------------------------------------------------------

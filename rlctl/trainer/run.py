@@ -22,7 +22,7 @@ def train(
 
     from rlctl.trainer.checkpoint import find_resume_point
     from rlctl.trainer.context import build_context
-    from rlctl.trainer.loop import Trainer
+    from rlctl.trainer.loop_modes import trainer_class
     from rlctl.trainer.models import materialize_model
 
     run_dir = run_dir_for(profile, output_dir)
@@ -35,6 +35,6 @@ def train(
     log.info("run directory", path=str(run_dir))
     ctx = build_context(profile, run_dir)
     try:
-        return Trainer(ctx, max_steps=max_steps, resume=resume).fit()
+        return trainer_class(profile)(ctx, max_steps=max_steps, resume=resume).fit()
     finally:
         ctx.shutdown()

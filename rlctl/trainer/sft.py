@@ -26,7 +26,7 @@ from rlctl.tracking import Tracker
 from rlctl.trainer.choices import single_process_engines
 from rlctl.trainer.context import load_prompts
 from rlctl.trainer.evaluate import greedy_accuracy, scorer_for
-from rlctl.trainer.models import load_tokenizer, materialize_model
+from rlctl.trainer.models import load_tokenizer, materialize_model, stop_token_ids
 
 log = get_logger("rlctl.sft")
 
@@ -71,6 +71,7 @@ def run_sft(profile: Profile, run_dir: Path) -> dict[str, Any]:
     model_path = materialize_model(profile.model.path, run_dir / "base_model", seed=profile.run.seed)
     profile = replace(profile, model=replace(profile.model, path=model_path))
     tokenizer = load_tokenizer(model_path, profile.model.trust_remote_code)
+    stops = stop_token_ids(model_path, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     data = SFTDataset(load_dataset(profile.data.train, "train", seed=profile.run.seed), tokenizer)
     _, val = load_prompts(profile, tokenizer)
@@ -111,7 +112,7 @@ def run_sft(profile: Profile, run_dir: Path) -> dict[str, Any]:
             }
             if val is not None and (step == s.steps or (s.eval_every and step % s.eval_every == 0)):
                 rollout.update_weights(engine.export_weights("full"))  # in memory, as in RL
-                acc = greedy_accuracy(rollout, tokenizer, val, scorer, profile.rollout.max_new_tokens)
+                acc = greedy_accuracy(rollout, tokenizer, val, scorer, profile.rollout.max_new_tokens, stops)
                 metrics["val/accuracy"] = acc.get("accuracy", acc["score_mean"])
                 result = {"step": step, "val/accuracy": metrics["val/accuracy"]}
                 log.info("sft validation", step=step, accuracy=round(metrics["val/accuracy"], 4))

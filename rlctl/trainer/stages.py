@@ -62,11 +62,13 @@ RESPONSE_KEYS = ("responses", "response_mask", "rollout_log_probs", "token_level
 def trim_response_padding(batch: DataProto) -> DataProto:
     """Drop trailing response columns that no row uses (every later pass computes fewer tokens).
 
-    Exact: causal attention never looks right, and every loss and metric is masked.
+    Exact: causal attention never looks right, and every loss and metric is masked. A column is
+    used when any row attends to it: multi-turn responses hold observation tokens (attention 1,
+    response mask 0) between the model's turns.
     """
     t = batch.batch
     width = t["responses"].shape[1]
-    used = int(t["response_mask"].sum(-1).max().item()) if len(batch) else width
+    used = int(last_used_index(t["attention_mask"][:, -width:]).max().item()) + 1 if len(batch) else width
     if used >= width:
         return batch
     cut = width - max(used, 1)
@@ -82,10 +84,17 @@ def mean_metrics(records: list[dict[str, float]] | dict[str, float]) -> dict[str
     return {k: float(np.mean([m[k] for m in records if k in m])) for k in keys}
 
 
+def last_used_index(mask: torch.Tensor) -> torch.Tensor:
+    """Per row, the index of the last nonzero entry of ``mask`` (0 for an all-zero row)."""
+    positions = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
+    return ((mask != 0).long() * positions).max(dim=-1).values.sub(1).clamp(min=0)
+
+
 def token_level_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Place each sequence's scalar score on its last response token (outcome reward)."""
+    """Place each sequence's scalar score on its last response token (outcome reward); in a
+    multi-turn response that is the model's last token, not an observation's."""
     out = torch.zeros(response_mask.shape, dtype=torch.float32)
-    last = (response_mask.sum(-1) - 1).clamp(min=0).long()
+    last = last_used_index(response_mask)
     out[torch.arange(len(scores)), last] = scores.float()
     return out * (response_mask.sum(-1, keepdim=True) > 0)
 
@@ -138,17 +147,23 @@ def compute_advantages(batch: DataProto, algo, kl_ctrl) -> tuple[DataProto, dict
     return batch.union(out), metrics
 
 
-def batch_metrics(batch: DataProto, max_new_tokens: int) -> dict[str, float]:
-    """Reward, accuracy and response-length statistics of one step's batch (verl's names)."""
+def batch_metrics(batch: DataProto, max_new_tokens: int, stop_ids: list[int]) -> dict[str, float]:
+    """Reward, accuracy and response-length statistics of one step's batch (verl's names).
+
+    A response is clipped when it used all ``max_new_tokens`` and its last token is not one of
+    ``stop_ids``: one that ends on its stop token exactly at the budget finished.
+    """
     t = batch.batch
     lengths = t["response_mask"].sum(-1).float()
+    last = t["responses"][:, -1]
+    ended = torch.isin(last, torch.tensor(stop_ids, dtype=last.dtype))
     scores = t["scores"].float()
     metrics = {
         "reward/score_mean": scores.mean().item(),
         "reward/score_std": scores.std(unbiased=False).item() if len(scores) > 1 else 0.0,
         "response_length/mean": lengths.mean().item(),
         "response_length/max": lengths.max().item(),
-        "response_length/clip_ratio": (lengths >= max_new_tokens).float().mean().item(),
+        "response_length/clip_ratio": ((lengths >= max_new_tokens) & ~ended).float().mean().item(),
     }
     if "acc" in t:
         metrics["reward/accuracy"] = t["acc"].float().mean().item()

@@ -144,6 +144,18 @@ class PolicyWorker(Worker):
         return DataProto.from_dict(tensors=out, meta={"weight_version": self._sync_check().version})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_episodes(self, prompts: DataProto) -> DataProto:
+        """Multi-turn rollout (:mod:`rlctl.agents`): one episode per row, the environment named in
+        ``meta["agent"]`` running here, each turn sampled by this rank's rollout engine."""
+        from rlctl.agents.batch import generate_episodes
+
+        out = generate_episodes(
+            self.rollout.generate, prompts, seed=int(prompts.meta["seed"]) * 1_000_003 + self.rank
+        )
+        out.meta["weight_version"] = self._sync_check().version
+        return out
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, batch: DataProto) -> DataProto:
         with self._actor_on_device():
             out = self.actor.compute_log_prob(
@@ -233,6 +245,14 @@ class PolicyWorker(Worker):
         if getattr(self, "_sync_checker", None) is None:
             self._sync_checker = SyncCheck(rank=self.rank)
         return self._sync_checker
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def full_weights(self) -> dict[str, torch.Tensor] | None:
+        """The actor's full HF-named weights as host copies on rank 0 (None on other ranks; every
+        rank gathers), for rollout workers in other processes (``trainer.mode`` one_step_off/async)."""
+        with self._actor_on_device():
+            out = {name: t.detach().to("cpu", copy=True) for name, t in self.actor.export_weights("full")}
+        return out if self.rank == 0 else None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

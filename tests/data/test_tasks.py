@@ -117,3 +117,19 @@ def test_unknown_task_and_bad_options_are_user_errors():
         get_task("addition", digits=0)
     with pytest.raises(UserError, match="bad options"):
         get_task("addition", colour="red")
+
+
+def test_addition_question_style_and_operand_range_keep_the_split():
+    task = get_task("addition", style="question", max_operand=19)
+    rows = task.rows("validation", n=1000, seed=0)
+    assert 30 <= len(rows) <= 50  # 400 problems, about a tenth held out
+    a, b = rows[0]["extra_info"]["a"], rows[0]["extra_info"]["b"]
+    assert rows[0]["prompt"][0]["content"] == f"What is {a} + {b}? Answer with only the number."
+    assert all(0 <= r["extra_info"]["a"] <= 19 and 0 <= r["extra_info"]["b"] <= 19 for r in rows)
+    # the same problems are held out whatever the prompt style
+    compact = get_task("addition", max_operand=19).rows("validation", n=1000, seed=0)
+    assert [r["reward_model"]["ground_truth"] for r in compact] == [
+        r["reward_model"]["ground_truth"] for r in rows
+    ]
+    with pytest.raises(UserError, match="style"):
+        get_task("addition", style="poem")

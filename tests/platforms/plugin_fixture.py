@@ -35,3 +35,32 @@ def broken_factory(host=None):
 
 def not_a_platform(host=None):
     return object()
+
+
+class SleepyPlatform(AcmePlatform):
+    """A vendor SDK that hangs while probing (a wedged driver, a network license check)."""
+
+    name = "sleepy"
+
+    def _probe(self) -> ProbeResult:
+        import time
+
+        time.sleep(600)
+        return ProbeResult(True, "never")
+
+
+class ExitingProbe(AcmePlatform):
+    """A vendor SDK that calls sys.exit when its device is missing."""
+
+    name = "exiter"
+
+    def _probe(self) -> ProbeResult:
+        import sys
+
+        sys.exit("no device")
+
+
+def exiting_factory(host=None):
+    import sys
+
+    sys.exit(3)

@@ -128,7 +128,7 @@ def test_rocm_old_ray_uses_rocr_variables(tmp_path):
 def test_rocm_aiter_and_ck_flash_attn(tmp_path):
     site = tmp_path / "site"
     make_dist(site, "flash-attn", "2.8.3")
-    make_dist(site, "aiter", "0.1.5")
+    make_dist(site, "amd-aiter", "0.1.5")  # AMD's aiter distribution (ROCm/aiter setup.py)
     p = RocmPlatform(rocm_host(tmp_path))
     assert p.rollout_env()["VLLM_ROCM_USE_AITER"] == "1"
     assert p.rollout_env()["SGLANG_USE_AITER"] == "1"

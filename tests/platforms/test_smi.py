@@ -47,10 +47,11 @@ def test_rocml_answer_and_missing_library():
 def test_npu_smi_info_parse():
     out = parse_npu_smi(NPU_SMI_INFO)
     assert out["ok"] and out["driver_version"] == "24.1.0"
-    assert out["devices"] == [
-        {"index": 0, "name": "910B3", "health": "OK"},
-        {"index": 1, "name": "910B3", "health": "OK"},
+    assert [(d["index"], d["npu"], d["chip"], d["name"], d["health"]) for d in out["devices"]] == [
+        (0, 0, 0, "910B3", "OK"),
+        (1, 1, 0, "910B3", "OK"),
     ]
+    assert out["devices"][0]["bus_id"] == "0000:C1:00.0" and out["processes"] == []
     assert not parse_npu_smi("dcmi module initialize failed. ret is -8005")["ok"]
 
 

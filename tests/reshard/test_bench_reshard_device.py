@@ -145,9 +145,7 @@ def test_device_single_rank_rows_via_cli(monkeypatch) -> None:
     assert result.exit_code == 0, result.output
     assert "skipped tiny p=2 q=2 on cuda" in result.stderr
     rows = json.loads(result.stdout)
-    assert [(r["p"], r["q"], r["strategy"]) for r in rows] == [
-        (1, 1, s) for s in ("planned", "naive", "disk")
-    ]
+    assert [(r["p"], r["q"], r["strategy"]) for r in rows] == [(1, 1, s) for s in ("planned", "disk")]
     for r in rows:
         assert (r["device"], r["backend"]) == ("cuda", "nccl")
         assert r["peak_extra_mb"] == 5.0  # max_memory_allocated above the ready state, not RSS
@@ -163,13 +161,13 @@ def test_device_two_ranks_run_through_the_device_path() -> None:
         ["tiny"],
         [(2, 2), (4, 2)],
         repeat=1,
-        strategies=("planned", "naive"),
+        strategies=("planned", "verl", "disk"),  # verl is host-only: left out on a device
         device=FakeCuda(backend="gloo", n=2),
         on_skip=lambda case, reason: skipped.append(case),
     )
     assert skipped == ["tiny p=4 q=2"]
     got = rows_json(rows)
-    assert [(r["p"], r["q"], r["strategy"]) for r in got] == [(2, 2, "planned"), (2, 2, "naive")]
+    assert [(r["p"], r["q"], r["strategy"]) for r in got] == [(2, 2, "planned"), (2, 2, "disk")]
     for r in got:
         assert (r["device"], r["backend"]) == ("cuda", "gloo")
         assert r["peak_extra_mb"] == 5.0 and r["frac_memcpy"] is None and r["match"] is True

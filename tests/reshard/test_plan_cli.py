@@ -50,18 +50,31 @@ def test_world_rules() -> None:
 
 @pytest.mark.timeout(240)
 def test_bench_reshard_json_single_rank() -> None:
+    """One rank, TP 1 (HF names, what the loop syncs to): every strategy's rows, self-describing."""
     from rlctl.cli.bench_reshard import command
 
-    result = CliRunner().invoke(command, ["--json", "--models", "tiny", "--pairs", "1:1", "--repeat", "1"])
+    args = [
+        "--json",
+        "--models",
+        "tiny",
+        "--pairs",
+        "1:1",
+        "--repeat",
+        "1",
+        "--strategies",
+        "planned,trl,disk",
+    ]
+    result = CliRunner().invoke(command, args)
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)
-    assert [r["strategy"] for r in rows] == ["planned", "naive", "disk"]
+    assert [r["strategy"] for r in rows] == ["planned", "trl", "disk"]
     spec = spec_from_config(__import__("rlctl.bench.reshard", fromlist=["MODELS"]).MODELS["tiny"])
-    padded = (1024 - 1000) * spec.hidden_size * 2 * 2  # embed + lm_head padding rows (vocab 1000 -> 1024)
     for r in rows:
-        assert r["match"] is True
-        assert r["bytes_out"] == spec.nbytes() + padded
-        assert r["seconds"] > 0 and r["memcpy_gbps"] > 0
+        assert r["match"] is True and r["verified"].startswith("sha256")
+        assert (r["fmt"], r["layers_kept"], r["layers_full"], r["params"]) == ("hf", 4, 4, spec.num_params())
+        assert r["bytes_out"] == r["model_bytes"] == spec.nbytes()  # HF layout: no vocab padding
+        assert r["seconds"] > 0 and r["memcpy_gbps"] > 0 and r["frac_memcpy"] > 0
+        assert r["loopback_gbps"] is None and r["transport"] == "local copies"
     assert rows[2]["bytes_moved"] > 0 and rows[0]["bytes_moved"] == 0
 
 

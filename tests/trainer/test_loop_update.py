@@ -51,7 +51,7 @@ def trainer(tmp_path, extra: str = "") -> tuple[Trainer, RecordingPolicy]:
     policy = RecordingPolicy()
     tokenizer = SimpleNamespace(eos_token_id=1, pad_token_id=0)
     ctx = RunContext(
-        load_profile(path), tmp_path, None, tokenizer, None, None, FixedScores(), policy, None, None
+        load_profile(path), tmp_path, None, tokenizer, None, None, FixedScores(), policy, None, None, [1]
     )
     return Trainer(ctx), policy
 

@@ -1,0 +1,123 @@
+"""The rollout side of the off-policy modes: rollout engines in their own workers (disaggregated).
+
+In ``trainer.mode = "sync"`` the rollout engine lives inside each PolicyWorker (colocated): one
+process runs generation, then training, one after the other. Overlap needs generation and
+training to run at the same time, so ``one_step_off`` and ``async`` spawn a second worker group,
+:class:`RolloutWorker`, on its own :class:`~rlctl.dispatch.ResourcePool` (named ``rollout``, the
+same shape as the cluster's): on Ray these are separate actor processes, in-process separate
+worker objects the driver calls from its rollout thread. Weights cross as host tensors through
+the driver (``PolicyWorker.full_weights`` -> ``RolloutWorker.update_weights``); each push carries
+the weight version, which every generated sample then reports.
+
+On one CPU host both pools share the same cores; each rollout rank takes half of its node's
+threads so the two sides do not oversubscribe the host twice over. On accelerators the rollout
+pool needs devices of its own (the capacity check says so before anything starts).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from rlctl.dispatch import DataProto, Dispatch, Worker, WorkerGroup, register, spawn_colocated
+from rlctl.dispatch.pool import ResourcePool
+from rlctl.engines.registry import get_engine
+from rlctl.trainer import choices
+from rlctl.trainer.specs import PolicySpec, build_specs
+from rlctl.trainer.workers import _model_type, _pad_responses
+
+
+class RolloutWorker(Worker):
+    """One rank's rollout engine, fed weights by the driver; no training engine."""
+
+    def __init__(self, spec: PolicySpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.version = 0
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        spec = self.spec
+        if spec.engine.device_type == "cpu" and not self.ctx.in_process:
+            # the training processes on this host use the other half (see the module docstring)
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // (2 * max(1, self.ctx.local_world_size))))
+        cls = get_engine(
+            "rollout", _model_type(spec.engine.model_path), spec.rollout.engine, spec.engine.device_type
+        )
+        self.rollout = cls(
+            spec.engine.model_path,
+            device=spec.engine.device_type,
+            dtype=spec.rollout.dtype,
+            attn_implementation=spec.engine.attn_implementation,
+            trust_remote_code=spec.engine.trust_remote_code,
+            tensor_parallel_size=spec.rollout.tensor_parallel_size,
+            gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
+            seed=spec.engine.seed,
+        )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> int:
+        """Load the trainer's full weights; later samples report ``version``. Returns tensors copied."""
+        count = self.rollout.update_weights(weights.items())
+        self.version = int(version)
+        return count
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """As ``PolicyWorker.generate_sequences`` (same seeds, same padding), with this worker's version."""
+        meta = prompts.meta
+        out = self.rollout.generate(
+            prompts.batch["input_ids"],
+            prompts.batch["attention_mask"],
+            n=1,
+            temperature=float(meta.get("temperature", 1.0)),
+            top_p=float(meta.get("top_p", 1.0)),
+            top_k=int(meta.get("top_k", 0)),
+            max_new_tokens=int(meta["max_new_tokens"]),
+            greedy=bool(meta.get("greedy", False)),
+            eos_token_id=meta["eos_token_id"],
+            pad_token_id=meta["pad_token_id"],
+            seed=int(meta["seed"]) * 1_000_003 + self.rank,
+        )
+        out = _pad_responses(out, int(meta["max_new_tokens"]), int(meta["pad_token_id"]))
+        out["weight_version"] = torch.full((out["responses"].shape[0],), self.version, dtype=torch.long)
+        return DataProto.from_dict(tensors=out, meta={"weight_version": self.version})
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def rollout_log_prob_gap(self, temperature: float, top_p: float, top_k: int) -> str | None:
+        return self.rollout.log_prob_gap(temperature=temperature, top_p=top_p, top_k=top_k)
+
+
+def spawn_rollout_group(ctx) -> WorkerGroup:
+    """The run's rollout workers on a pool of their own (same shape and platform as the trainer's)."""
+    p, platform = ctx.profile, ctx.platform
+    attn = p.platform.attention if p.platform.attention != "auto" else platform.attention_impl()
+    specs = build_specs(
+        p,
+        device_type=platform.device_type,
+        dtype=choices.compute_dtype(p, platform),
+        attn=attn,
+        dist_backend=platform.dist_backend,
+        rollout_engine=choices.rollout_engine(p, platform),
+    )
+    c = p.cluster
+    pool = ResourcePool(
+        nodes=c.nodes, devices_per_node=c.devices_per_node, resource=platform.ray_resource, name="rollout"
+    )
+    group = spawn_colocated(
+        pool,
+        {"rollout": RolloutWorker},
+        mesh={"dp": pool.world_size},
+        backend=c.backend,
+        init_kwargs={"rollout": {"spec": specs.policy}},
+        env=platform.rollout_env(),
+        address=c.address,
+        default_timeout=c.call_timeout_s,
+    )["rollout"]
+    try:
+        group.init_model()
+    except BaseException:
+        group.shutdown()
+        raise
+    return group

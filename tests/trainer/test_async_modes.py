@@ -1,0 +1,177 @@
+"""trainer.mode one_step_off / async end to end on the shipped tiny SFT checkpoint, in-process and Ray."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlctl.profile import load_profile
+from tests.cli_runner import run_cli
+from tests.trainer.test_train_e2e import DETERMINISTIC, by_step, metrics
+
+REPO = Path(__file__).resolve().parents[2]
+SFT = REPO / "profiles/assets/tiny-1m-addition-sft"
+
+PROFILE = """
+[run]
+name = "{name}"
+seed = 5
+output_dir = "{out}"
+[platform]
+vendor = "cpu"
+[cluster]
+backend = "{backend}"
+[model]
+path = "{model}"
+[data]
+train = "builtin:addition"
+val_size = 16
+[algorithm]
+preset = "grpo"
+[actor]
+lr = 1e-3
+micro_batch_sequences = 32
+[rollout]
+engine = "hf"
+n = 4
+max_new_tokens = 4
+[trainer]
+steps = {steps}
+prompts_per_step = 6
+val_every = 2
+save_every = 0
+loggers = ["jsonl"]
+export_hf = false
+mode = "{mode}"
+max_staleness = {staleness}
+"""
+
+
+@pytest.fixture
+def profile_for(tmp_path: Path):
+    def write(
+        name: str, mode: str, *, steps: int = 3, staleness: int = 1, backend: str = "inprocess"
+    ) -> Path:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(
+            PROFILE.format(
+                name=name,
+                out=tmp_path / "runs",
+                backend=backend,
+                model=SFT,
+                steps=steps,
+                mode=mode,
+                staleness=staleness,
+            )
+        )
+        return path
+
+    return write
+
+
+def train(path: Path) -> dict[int, dict]:
+    code, _, err = run_cli("--log-format", "plain", "train", str(path))
+    assert code == 0, err
+    return by_step(metrics(path.parent / "runs" / path.stem))
+
+
+def same(a: dict[int, dict], b: dict[int, dict], steps, rel: float = 1e-5, abs: float = 1e-6) -> None:
+    for step in steps:
+        for key in DETERMINISTIC:
+            if key in a[step] or key in b[step]:
+                assert a[step][key] == pytest.approx(b[step][key], rel=rel, abs=abs), (step, key)
+
+
+def spied_run(path: Path) -> tuple[dict[int, dict], list[torch.Tensor]]:
+    """A one_step_off run whose actor-update inputs are recorded: per step, the importance weights
+    on the response tokens."""
+    from rlctl.trainer.context import build_context
+    from rlctl.trainer.loop_one_step_off import OneStepOffTrainer
+
+    profile = load_profile(path, [])
+    run_dir = path.parent / "runs" / path.stem
+    run_dir.mkdir(parents=True)
+    ctx = build_context(profile, run_dir)
+    seen: list[torch.Tensor] = []
+    update = ctx.policy.update_actor
+
+    def spy(batch, **kw):
+        seen.append(batch.batch["rollout_is_weights"][batch.batch["response_mask"].bool()])
+        return update(batch, **kw)
+
+    ctx.policy.update_actor = spy
+    try:
+        OneStepOffTrainer(ctx).fit()
+    finally:
+        ctx.shutdown()
+    return by_step(metrics(run_dir)), seen
+
+
+@pytest.mark.timeout(300)
+def test_one_step_off_is_one_behind_corrected_and_deterministic(profile_for):
+    a, weights = spied_run(profile_for("a", "one_step_off"))
+    assert [a[s]["async/staleness_max"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    assert [a[s]["async/weight_version_min"] for s in (1, 2, 3)] == [1, 1, 2]
+    assert "val/accuracy" in a[2] and "time/wait_rollout" in a[3]
+    # the importance weights reach the update; they move off 1 exactly where the policy moved
+    # (step 1 trains the policy that generated it: only fp32 rounding between the two engines)
+    assert len(weights) == 3
+    assert (weights[0] - 1).abs().max() < 1e-5
+    for w in weights[1:]:
+        assert (w - 1).abs().max() > 1e-3
+    b = train(profile_for("b", "one_step_off"))
+    for step in (1, 2, 3):  # the same run, bit for bit, whatever the two threads' timing was
+        for key in (*DETERMINISTIC, "rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_min"):
+            if key in a[step]:
+                assert a[step][key] == b[step][key], (step, key)
+
+
+@pytest.mark.timeout(300)
+def test_async_respects_the_staleness_bound(profile_for):
+    out = train(profile_for("as", "async", steps=4, staleness=2))
+    for step in range(1, 5):
+        assert 0 <= out[step]["async/staleness_max"] <= 2
+        assert out[step]["async/staleness_mean"] <= out[step]["async/staleness_max"]
+    assert "val/accuracy" in out[4]
+
+
+@pytest.mark.timeout(300)
+def test_async_at_staleness_zero_is_the_sync_run(profile_for):
+    # on-policy: the correction's weights are 1 (up to fp32 rounding) and the recomputed log-probs are the
+    # update's own, so the off-policy machinery adds nothing to a sync run's numbers
+    sync = train(profile_for("sync", "sync", steps=2))
+    zero = train(profile_for("zero", "async", steps=2, staleness=0))
+    assert [zero[s]["async/staleness_max"] for s in (1, 2)] == [0.0, 0.0]
+    assert all(zero[s]["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-5) for s in (1, 2))
+    same(sync, zero, [0, 1, 2], rel=1e-3, abs=1e-5)  # the weights' 1e-6 rounding, in near-zero gradients
+
+
+def test_the_policy_loss_multiplies_the_importance_weights():
+    from rlctl.engines.optim import LossScale
+    from rlctl.trainer.losses import make_actor_loss
+    from rlctl.trainer.specs import ActorLossSpec
+
+    torch.manual_seed(0)
+    logits = torch.randn(4, 3, requires_grad=True)
+    out = {"log_probs": torch.log_softmax(logits, -1)}
+    mb = {
+        "response_mask": torch.ones(4, 3),
+        "old_log_probs": out["log_probs"].detach() - 0.1,
+        "advantages": torch.randn(4, 3),
+    }
+    scale = LossScale(global_tokens=12, global_seqs=4, dp_size=1)
+    loss_fn = make_actor_loss(ActorLossSpec())
+    plain, _ = loss_fn(out, mb, scale)
+    weighted, _ = loss_fn(out, {**mb, "rollout_is_weights": torch.full((4, 3), 0.5)}, scale)
+    assert weighted.item() == pytest.approx(0.5 * plain.item())
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_one_step_off_on_ray_matches_in_process(profile_for, ray_session):
+    local = train(profile_for("local", "one_step_off", steps=2))
+    on_ray = train(profile_for("ray", "one_step_off", steps=2, backend="ray"))
+    assert on_ray[2]["async/staleness_max"] == 1.0
+    same(local, on_ray, [0, 1, 2])

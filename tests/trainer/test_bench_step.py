@@ -1,0 +1,90 @@
+"""``rlctl bench step`` on a tiny shape: the report's structure and arithmetic, never its timings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlctl.bench.step import accuracy_at, ratios, summarise, sustained_time
+from tests.cli_runner import run_cli
+
+TINY = (
+    "--steps",
+    "2",
+    "--val-every",
+    "1",
+    "--val-size",
+    "8",
+    "--prompts",
+    "2",
+    "-n",
+    "2",
+    "--backend",
+    "inprocess",
+)
+
+
+def test_sustained_needs_three_validations_at_or_above_target_to_the_end():
+    curve = [(0.0, 0.5), (10.0, 0.82), (20.0, 0.79), (30.0, 0.81), (40.0, 0.85), (50.0, 0.9)]
+    assert sustained_time(curve, 0.8) == 30.0  # the dip at 20 s resets it
+    assert sustained_time(curve[:5], 0.8) is None  # only two validations after the dip
+    assert sustained_time([(0.0, 0.9), (1.0, 0.8), (2.0, 0.95)], 0.8) == 0.0
+    assert accuracy_at(curve, 25.0) == 0.79 and accuracy_at(curve, -1.0) is None
+
+
+def test_summary_counts_flops_and_medians_after_warmup():
+    row = summarise(
+        "x",
+        [9.0, 9.0, 9.0, 1.0, 2.0, 3.0],
+        [(0.0, 0.1)],
+        sequences=10,
+        tokens=[0, 0, 0, 100.0, 100.0, 100.0],
+        passes=4,
+        params=1000,
+        peak_gflops=1.0,
+        target=0.8,
+        stages={"gen": [5.0, 5.0, 5.0, 0.5, 0.5, 0.5]},
+    )
+    assert row["s_per_step"] == 2.0 and row["samples_per_s"] == 5.0
+    assert row["step_gflop"] == pytest.approx(2 * 1000 * 100 * 4 / 1e9)
+    assert row["matmul_fraction"] == pytest.approx(row["step_gflop"] / 2.0)
+    assert row["stages_s"] == {"gen": 0.5}
+    r = ratios([row | {"name": "sync"}, row | {"name": "async", "samples_per_s": 10.0}])
+    assert r == {"async_samples_per_s_vs_sync": 2.0}
+
+
+@pytest.mark.timeout(300)
+def test_bench_step_json_runs_each_mode(tmp_path):
+    code, out, err = run_cli(
+        "bench", "step", *TINY, "--modes", "sync,async", "--out", str(tmp_path), "--json"
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    assert [r["name"] for r in result["rows"]] == ["sync", "async"]
+    for r in result["rows"]:
+        assert r["steps"] == 2 and r["s_per_step"] > 0 and r["samples_per_s"] > 0
+        assert [p["train_s"] for p in r["curve"]][0] == 0.0 and len(r["curve"]) == 3
+        assert r["matmul_fraction"] > 0 and "update_actor" in r["stages_s"]
+    assert "wait_rollout" in result["rows"][1]["stages_s"] and "staleness_mean" in result["rows"][1]
+    assert "async_samples_per_s_vs_sync" in result["ratios"]
+    assert result["shape"]["prompts_per_step"] == 2 and result["host_matmul_gflops"] > 0
+    assert (tmp_path / "bench_step.png").is_file()
+
+
+def test_bench_step_refuses_unknown_modes():
+    code, _, err = run_cli("bench", "step", "--modes", "sync,fast")
+    assert code != 0 and "--modes" in err
+
+
+@pytest.mark.timeout(300)
+def test_bench_step_against_trl_runs_trl_on_the_same_shape(tmp_path):
+    pytest.importorskip("trl", reason="--against trl needs the bench extra (trl==1.16.0)")
+    code, out, err = run_cli("bench", "step", *TINY, "--modes", "sync", "--against", "trl", "--json")
+    assert code == 0, err
+    rows = {r["name"]: r for r in json.loads(out)["rows"]}
+    assert set(rows) == {"sync", "trl"}
+    trl = rows["trl"]
+    assert trl["steps"] == 2 and len(trl["curve"]) == 3
+    assert trl["settings"]["per_device_train_batch_size"] == 4 and trl["settings"]["num_generations"] == 2
+    assert trl["settings"]["learning_rate"] == 2e-4 and trl["settings"]["max_completion_length"] == 4
