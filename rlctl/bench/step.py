@@ -171,7 +171,11 @@ def run_rlctl(cfg: StepBenchConfig, mode: str, out: Path, params: int, peak: flo
     from rlctl.trainer.run import run_dir_for, train
 
     profile = _profile(cfg, mode, out)
-    train(profile, resume="never")
+    try:
+        train(profile, resume="never")
+    finally:
+        if profile.cluster.backend == "ray":
+            _stop_ray()  # each run starts from a fresh cluster (placement groups freed, no warm caches)
     records: dict[int, dict] = {}
     for line in (run_dir_for(profile, None) / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
@@ -205,6 +209,15 @@ def run_rlctl(cfg: StepBenchConfig, mode: str, out: Path, params: int, peak: flo
         row["staleness_mean"] = statistics.mean(r.get("async/staleness_mean", 0.0) for r in steps)
         row["staleness_max"] = max(r.get("async/staleness_max", 0.0) for r in steps)
     return row
+
+
+def _stop_ray() -> None:
+    try:
+        import ray
+    except ImportError:
+        return
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 # -- TRL ---------------------------------------------------------------------------------------------

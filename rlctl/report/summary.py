@@ -26,7 +26,7 @@ def series(records: Sequence[Record], key: str) -> tuple[list[int], list[float]]
 
 def is_train_record(rec: Record) -> bool:
     """A record of a training step (not only a validation, e.g. the initial one at step 0)."""
-    return any(k != "step" and not k.startswith("val/") for k in rec if rec[k] is not None)
+    return any(k not in ("step", "time/val") and not k.startswith("val/") for k in rec if rec[k] is not None)
 
 
 def train_seconds_at(records: Sequence[Record], step: int) -> float | None:

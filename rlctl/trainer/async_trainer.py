@@ -104,7 +104,7 @@ class OffPolicyTrainer(Trainer):
 
     # -- the loop: the sync loop's, with the rollout thread around it --------------------------------
     def _fit(self) -> dict[str, float]:
-        self.rollout_group = spawn_rollout_group(self.ctx)
+        self.rollout_group, pool = spawn_rollout_group(self.ctx)
         try:
             self._check_rollout_log_probs()
             first = self.step + 1
@@ -124,6 +124,7 @@ class OffPolicyTrainer(Trainer):
                 self.pipeline.close()
         finally:
             self.rollout_group.shutdown()
+            pool.release()
 
     def train_step(self, step: int) -> dict[str, float]:
         metrics = super().train_step(step)

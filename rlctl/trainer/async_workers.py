@@ -89,8 +89,9 @@ class RolloutWorker(Worker):
         return self.rollout.log_prob_gap(temperature=temperature, top_p=top_p, top_k=top_k)
 
 
-def spawn_rollout_group(ctx) -> WorkerGroup:
-    """The run's rollout workers on a pool of their own (same shape and platform as the trainer's)."""
+def spawn_rollout_group(ctx) -> tuple[WorkerGroup, ResourcePool]:
+    """The run's rollout workers on a pool of their own (same shape and platform as the trainer's);
+    the caller shuts the group down, then releases the pool."""
     p, platform = ctx.profile, ctx.platform
     attn = p.platform.attention if p.platform.attention != "auto" else platform.attention_impl()
     specs = build_specs(
@@ -119,5 +120,6 @@ def spawn_rollout_group(ctx) -> WorkerGroup:
         group.init_model()
     except BaseException:
         group.shutdown()
+        pool.release()
         raise
-    return group
+    return group, pool

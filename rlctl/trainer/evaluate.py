@@ -88,6 +88,10 @@ def evaluate_model(profile: Profile, model_path: str, limit: int | None = None) 
     engine = HFRolloutEngine(
         model_path, device=device, dtype=dtype, trust_remote_code=profile.model.trust_remote_code
     )
+    if profile.agent.env:  # multi-turn: episodes scored by the environment
+        from rlctl.agents.evaluate import episode_accuracy
+
+        return episode_accuracy(engine, tokenizer, val, profile, model_path)
     with torch.inference_mode():
         return greedy_accuracy(
             engine,

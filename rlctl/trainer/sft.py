@@ -112,7 +112,14 @@ def run_sft(profile: Profile, run_dir: Path) -> dict[str, Any]:
             }
             if val is not None and (step == s.steps or (s.eval_every and step % s.eval_every == 0)):
                 rollout.update_weights(engine.export_weights("full"))  # in memory, as in RL
-                acc = greedy_accuracy(rollout, tokenizer, val, scorer, profile.rollout.max_new_tokens, stops)
+                if profile.agent.env:  # multi-turn: greedy episodes scored by the environment
+                    from rlctl.agents.evaluate import episode_accuracy
+
+                    acc = episode_accuracy(rollout, tokenizer, val, profile, model_path)
+                else:
+                    acc = greedy_accuracy(
+                        rollout, tokenizer, val, scorer, profile.rollout.max_new_tokens, stops
+                    )
                 metrics["val/accuracy"] = acc.get("accuracy", acc["score_mean"])
                 result = {"step": step, "val/accuracy": metrics["val/accuracy"]}
                 log.info("sft validation", step=step, accuracy=round(metrics["val/accuracy"], 4))

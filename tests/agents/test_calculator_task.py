@@ -93,7 +93,9 @@ def test_greedy_episode_accuracy_runs_in_process(char_model):
     from rlctl.trainer.context import to_proto
 
     repo = Path(__file__).resolve().parents[2]
-    profile = load_profile(repo / "profiles/agent-calculator.toml", ["rollout.max_new_tokens=24"])
+    profile = load_profile(
+        repo / "profiles/agent-guess.toml", ["rollout.max_new_tokens=24", "agent.env=builtin:calculator"]
+    )
     tok = build_char_tokenizer()
     batcher = PromptBatcher(PromptDataset(CalculatorTask().rows("validation", 3, seed=1)), tok, 1)
     prompts = to_proto(batcher.make_batch([0, 1, 2]))

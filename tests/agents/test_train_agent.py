@@ -45,7 +45,7 @@ micro_batch_sequences = 16
 [rollout]
 engine = "hf"
 n = 2
-max_new_tokens = 120
+max_new_tokens = 40
 [agent]
 env = "env.py:TwoTurns"
 max_turns = 2

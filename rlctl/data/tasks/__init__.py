@@ -1,4 +1,5 @@
-"""Built-in verifiable tasks: ``addition``, ``reverse``, ``sort``, ``countdown``.
+"""Built-in verifiable tasks: ``addition``, ``reverse``, ``sort``, ``countdown``, and the multi-turn
+``guess`` (higher/lower feedback) and ``calculator`` (a tool call) for :mod:`rlctl.agents`.
 
 ``get_task(name, **options)`` builds one; ``task_for_source(data_source)`` finds the verifier of a
 row by its ``data_source`` (``rlctl/<name>``); verification needs only the ground truth.
@@ -10,7 +11,9 @@ from typing import Any
 
 from rlctl.data.tasks.arithmetic import AdditionTask, ReverseTask, SortTask
 from rlctl.data.tasks.base import SPLITS, Task, strip_answer
+from rlctl.data.tasks.calculator import CalculatorTask
 from rlctl.data.tasks.countdown import CountdownTask, evaluate_countdown, verify_countdown
+from rlctl.data.tasks.guess import GuessTask
 from rlctl.errors import UserError
 
 TASKS: dict[str, type[Task]] = {
@@ -18,6 +21,8 @@ TASKS: dict[str, type[Task]] = {
     "reverse": ReverseTask,
     "sort": SortTask,
     "countdown": CountdownTask,
+    "guess": GuessTask,
+    "calculator": CalculatorTask,
 }
 
 
@@ -43,7 +48,9 @@ __all__ = [
     "SPLITS",
     "TASKS",
     "AdditionTask",
+    "CalculatorTask",
     "CountdownTask",
+    "GuessTask",
     "ReverseTask",
     "SortTask",
     "Task",
