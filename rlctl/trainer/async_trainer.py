@@ -168,20 +168,7 @@ class OffPolicyTrainer(Trainer):
         """Training batches come from the rollout workers; validation from the colocated engine."""
         if validation:
             return super().generate(prompts, n, seed=seed, validation=True, greedy=greedy)
-        rows = prompts.repeat(n, interleave=True)
-        request = rows.select(["input_ids", "attention_mask"])
-        request.meta.update(self.ctx.sampling(), seed=seed)
-        if greedy:
-            request.meta["greedy"] = True
-        out = self.rollout_group.generate_sequences(request)
-        return DataProto.from_dict(
-            tensors=out.batch,
-            non_tensors=rows.non_tensor,
-            meta={
-                "temperature": self.p.rollout.temperature,
-                "weight_version": out.meta.get("weight_version"),
-            },
-        )
+        return self._sample_on(self.rollout_group, prompts, n, seed=seed, validation=False, greedy=greedy)
 
     def validate(self) -> dict[str, float]:
         with self.gate:

@@ -25,7 +25,7 @@ from rlctl.dispatch.pool import ResourcePool
 from rlctl.engines.registry import get_engine
 from rlctl.trainer import choices
 from rlctl.trainer.specs import PolicySpec, build_specs
-from rlctl.trainer.workers import _model_type, _pad_responses
+from rlctl.trainer.workers import _model_type, sample_rows
 
 
 class RolloutWorker(Worker):
@@ -66,21 +66,7 @@ class RolloutWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """As ``PolicyWorker.generate_sequences`` (same seeds, same padding), with this worker's version."""
-        meta = prompts.meta
-        out = self.rollout.generate(
-            prompts.batch["input_ids"],
-            prompts.batch["attention_mask"],
-            n=1,
-            temperature=float(meta.get("temperature", 1.0)),
-            top_p=float(meta.get("top_p", 1.0)),
-            top_k=int(meta.get("top_k", 0)),
-            max_new_tokens=int(meta["max_new_tokens"]),
-            greedy=bool(meta.get("greedy", False)),
-            eos_token_id=meta["eos_token_id"],
-            pad_token_id=meta["pad_token_id"],
-            seed=int(meta["seed"]) * 1_000_003 + self.rank,
-        )
-        out = _pad_responses(out, int(meta["max_new_tokens"]), int(meta["pad_token_id"]))
+        out = sample_rows(self.rollout, prompts, self.rank)
         out["weight_version"] = torch.full((out["responses"].shape[0],), self.version, dtype=torch.long)
         return DataProto.from_dict(tensors=out, meta={"weight_version": self.version})
 

@@ -58,6 +58,7 @@ class RunContext:
     ref: WorkerGroup | None
     critic: WorkerGroup | None
     stop_ids: list[int]  # every token that ends a response (see models.stop_token_ids)
+    pool: ResourcePool | None = None  # the groups' placement groups, released at shutdown
 
     def sampling(self, validation: bool = False) -> dict[str, Any]:
         """Sampling parameters sent with each generation request (validation: val_temperature)."""
@@ -79,6 +80,8 @@ class RunContext:
         for group in (self.policy, self.ref, self.critic):
             if group is not None:
                 group.shutdown()
+        if self.pool is not None:  # else every run in one process keeps its placement group
+            self.pool.release()
 
 
 def load_prompts(profile: Profile, tokenizer: Any) -> tuple[PromptSource, DataProto | None]:
@@ -175,6 +178,7 @@ def build_context(profile: Profile, run_dir: Path) -> RunContext:
     except BaseException:
         for group in groups.values():
             group.shutdown()
+        pool.release()
         raise
     return RunContext(
         profile=profile,
@@ -188,4 +192,5 @@ def build_context(profile: Profile, run_dir: Path) -> RunContext:
         ref=groups.get("ref"),
         critic=groups.get("critic"),
         stop_ids=stop_token_ids(profile.model.path, tokenizer),
+        pool=pool,
     )

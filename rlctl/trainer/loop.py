@@ -237,12 +237,18 @@ class Trainer:
         """
         if self.episodes is not None:
             return self.episodes.generate(prompts, n, seed=seed, validation=validation, greedy=greedy)
+        return self._sample_on(self.ctx.policy, prompts, n, seed=seed, validation=validation, greedy=greedy)
+
+    def _sample_on(
+        self, group, prompts: DataProto, n: int, *, seed: int, validation: bool, greedy: bool
+    ) -> DataProto:
+        """``group.generate_sequences`` on each prompt repeated ``n`` times, the prompts' columns carried."""
         rows = prompts.repeat(n, interleave=True)
         request = rows.select(["input_ids", "attention_mask"])
         request.meta.update(self.ctx.sampling(validation=validation), seed=seed)
         if greedy:
             request.meta["greedy"] = True
-        out = self.ctx.policy.generate_sequences(request)
+        out = group.generate_sequences(request)
         return DataProto.from_dict(
             tensors=out.batch,
             non_tensors=rows.non_tensor,

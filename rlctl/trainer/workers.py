@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -126,21 +127,7 @@ class PolicyWorker(Worker):
         The engine seeds its own generator on its device from this rank's integer seed and returns
         host tensors, so the driver never sees device memory.
         """
-        meta = prompts.meta
-        out = self.rollout.generate(
-            prompts.batch["input_ids"],
-            prompts.batch["attention_mask"],
-            n=1,
-            temperature=float(meta.get("temperature", 1.0)),
-            top_p=float(meta.get("top_p", 1.0)),
-            top_k=int(meta.get("top_k", 0)),
-            max_new_tokens=int(meta["max_new_tokens"]),
-            greedy=bool(meta.get("greedy", False)),
-            eos_token_id=meta["eos_token_id"],
-            pad_token_id=meta["pad_token_id"],
-            seed=int(meta["seed"]) * 1_000_003 + self.rank,
-        )
-        out = _pad_responses(out, int(meta["max_new_tokens"]), int(meta["pad_token_id"]))
+        out = sample_rows(self.rollout, prompts, self.rank)
         return DataProto.from_dict(tensors=out, meta={"weight_version": self._sync_check().version})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -321,6 +308,26 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         self.critic.load_checkpoint(Path(path) / "critic")
+
+
+def sample_rows(rollout: Any, prompts: DataProto, rank: int) -> dict[str, torch.Tensor]:
+    """One response per row of ``prompts`` with the sampling settings in its meta, seeded by the
+    request's seed and ``rank``, padded to ``max_new_tokens``: every rollout worker's generate."""
+    meta = prompts.meta
+    out = rollout.generate(
+        prompts.batch["input_ids"],
+        prompts.batch["attention_mask"],
+        n=1,
+        temperature=float(meta.get("temperature", 1.0)),
+        top_p=float(meta.get("top_p", 1.0)),
+        top_k=int(meta.get("top_k", 0)),
+        max_new_tokens=int(meta["max_new_tokens"]),
+        greedy=bool(meta.get("greedy", False)),
+        eos_token_id=meta["eos_token_id"],
+        pad_token_id=meta["pad_token_id"],
+        seed=int(meta["seed"]) * 1_000_003 + rank,
+    )
+    return _pad_responses(out, int(meta["max_new_tokens"]), int(meta["pad_token_id"]))
 
 
 def _pad_responses(out: dict[str, torch.Tensor], length: int, pad_id: int) -> dict[str, torch.Tensor]:
