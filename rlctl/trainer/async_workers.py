@@ -22,10 +22,9 @@ import torch
 
 from rlctl.dispatch import DataProto, Dispatch, Worker, WorkerGroup, register, spawn_colocated
 from rlctl.dispatch.pool import ResourcePool
-from rlctl.engines.registry import get_engine
 from rlctl.trainer import choices
 from rlctl.trainer.specs import PolicySpec, build_specs
-from rlctl.trainer.workers import _model_type, sample_rows
+from rlctl.trainer.workers import rollout_engine, sample_rows
 
 
 class RolloutWorker(Worker):
@@ -42,19 +41,7 @@ class RolloutWorker(Worker):
         if spec.engine.device_type == "cpu" and not self.ctx.in_process:
             # the training processes on this host use the other half (see the module docstring)
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // (2 * max(1, self.ctx.local_world_size))))
-        cls = get_engine(
-            "rollout", _model_type(spec.engine.model_path), spec.rollout.engine, spec.engine.device_type
-        )
-        self.rollout = cls(
-            spec.engine.model_path,
-            device=spec.engine.device_type,
-            dtype=spec.rollout.dtype,
-            attn_implementation=spec.engine.attn_implementation,
-            trust_remote_code=spec.engine.trust_remote_code,
-            tensor_parallel_size=spec.rollout.tensor_parallel_size,
-            gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
-            seed=spec.engine.seed,
-        )
+        self.rollout = rollout_engine(spec)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> int:

@@ -54,6 +54,23 @@ def _cpu_threads(worker: Worker, spec: EngineSpec) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, worker.ctx.local_world_size)))
 
 
+def rollout_engine(spec: Any) -> Any:
+    """The rollout engine a policy spec names (engine registry), loaded from the spec's model."""
+    cls = get_engine(
+        "rollout", _model_type(spec.engine.model_path), spec.rollout.engine, spec.engine.device_type
+    )
+    return cls(
+        spec.engine.model_path,
+        device=spec.engine.device_type,
+        dtype=spec.rollout.dtype,
+        attn_implementation=spec.engine.attn_implementation,
+        trust_remote_code=spec.engine.trust_remote_code,
+        tensor_parallel_size=spec.rollout.tensor_parallel_size,
+        gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
+        seed=spec.engine.seed,
+    )
+
+
 def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool = False):
     """Initialise torch.distributed for this group if needed, then build an FSDP2 engine."""
     _cpu_threads(worker, spec)
@@ -104,19 +121,7 @@ class PolicyWorker(Worker):
     def init_model(self) -> None:
         spec = self.spec
         self.actor = _train_engine(self, spec.engine, optim=spec.optim)
-        rollout_cls = get_engine(
-            "rollout", _model_type(spec.engine.model_path), spec.rollout.engine, spec.engine.device_type
-        )
-        self.rollout = rollout_cls(
-            spec.engine.model_path,
-            device=spec.engine.device_type,
-            dtype=spec.rollout.dtype,
-            attn_implementation=spec.engine.attn_implementation,
-            trust_remote_code=spec.engine.trust_remote_code,
-            tensor_parallel_size=spec.rollout.tensor_parallel_size,
-            gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
-            seed=spec.engine.seed,
-        )
+        self.rollout = rollout_engine(spec)
         self.actor_loss = make_actor_loss(spec.loss)
         self.sync_weights()
 
