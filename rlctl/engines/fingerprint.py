@@ -12,6 +12,11 @@ fp32 master compared with its bf16 rollout copy agrees exactly (the cast is the 
 changes the float64 rounding order only: :func:`same` allows ``1e-10`` of the absolute sum,
 far below what changing one sampled element by one bf16 or fp32 step changes.
 
+A model's tensors are fingerprinted together: one ``take`` of each tensor's sampled elements
+(flat positions, any strides), then per (device, stored dtype, compare dtype) one cast and one
+copy to the host, and one pass of weighted sums over an ``(n_tensors, SAMPLES)`` float64 table.
+Per-tensor work is a single op, which is what a sync of a small model is dominated by.
+
 Engines know nothing of RL: this is tensor arithmetic plus one all-reduce.
 """
 
@@ -21,6 +26,7 @@ import functools
 import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -47,26 +53,77 @@ def sample_plan(name: str, shape: Shape, k: int = SAMPLES) -> tuple[torch.Tensor
     return pos, weights
 
 
-def _weighted(values: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """``[sum(w x), sum(w |x|)]`` in float64 on the host, ``x`` cast to ``dtype`` first."""
-    if dtype is not None:
-        values = values.to(dtype)
-    x = values.detach().to(device="cpu", dtype=torch.float64)
-    return torch.stack([(x * weights).sum(), (x.abs() * weights).sum()])
+_ALL = torch.arange(SAMPLES)  # sample indices of a tensor read whole
+_NO_WEIGHTS = torch.zeros(SAMPLES, dtype=torch.float64)  # the weight row of an empty tensor
 
 
-def _gather(tensor: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-    """Elements at flat (row-major) positions of any-strided ``tensor``, without a copy of it."""
-    if tensor.dim() == 0:
-        return tensor.reshape(1).expand(flat.numel())
-    idx = torch.unravel_index(flat.to(tensor.device), tuple(tensor.shape))
-    return tensor[idx]
+@functools.lru_cache(maxsize=8192)
+def _positions(name: str, shape: Shape, device: torch.device) -> torch.Tensor:
+    """The plan's flat positions on ``device`` (moved once, not at every sync)."""
+    return sample_plan(name, shape)[0].to(device)
+
+
+@functools.lru_cache(maxsize=8192)
+def _shard_positions(
+    name: str, shape: Shape, start: int, rows: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat positions in a ``Shard(0)`` piece holding global rows ``[start, start + rows)`` of the
+    plan's elements that fall in it (on ``device``), and which of the plan's samples they are."""
+    pos, _ = sample_plan(name, shape)
+    inner = math.prod(shape[1:])
+    row = pos // inner if inner else pos
+    mine = (row >= start) & (row < start + rows)
+    return (pos[mine] - start * inner).to(device), mine.nonzero().reshape(-1)
+
+
+class _Entry(NamedTuple):
+    """One tensor's share of a fingerprint table: read ``tensor`` (plain, any strides) at flat
+    ``positions``; they are samples ``index`` of a plan with ``weights``; cast to ``dtype`` first."""
+
+    tensor: torch.Tensor
+    positions: torch.Tensor
+    index: torch.Tensor
+    weights: torch.Tensor
+    dtype: torch.dtype | None
+
+
+def _whole(name: str, tensor: torch.Tensor, dtype: torch.dtype | None) -> _Entry:
+    """The entry of a plain tensor: all of its plan's samples."""
+    shape = tuple(tensor.shape)
+    _, w = sample_plan(name, shape)
+    return _Entry(tensor, _positions(name, shape, tensor.device), _ALL, w, dtype)
+
+
+def _sums(entries: Sequence[_Entry]) -> torch.Tensor:
+    """``(n, 2)`` float64 on the host: ``[sum(w x), sum(w |x|)]`` per entry, ``x`` cast to its dtype.
+
+    Every tensor costs one ``take`` of its samples; the casts, the copy to the host and the sums
+    run once per (device, stored dtype, target dtype) group over a ``(n, SAMPLES)`` table, where
+    a sample a shard does not hold is 0 (adding 0 changes no sum).
+    """
+    n = len(entries)
+    groups: dict[tuple, list[int]] = {}
+    for i, e in enumerate(entries):
+        if e.positions.numel():
+            groups.setdefault((e.tensor.device, e.tensor.dtype, e.dtype), []).append(i)
+    table = torch.zeros(n * SAMPLES, dtype=torch.float64)
+    for (_, _, dtype), members in groups.items():
+        values = torch.cat([torch.take(entries[i].tensor, entries[i].positions) for i in members])
+        if dtype is not None:
+            values = values.to(dtype)  # the rollout copy's rounding, on the tensor's device
+        counts = torch.tensor([entries[i].positions.numel() for i in members])
+        rows = torch.tensor(members) * SAMPLES
+        slots = torch.cat([entries[i].index for i in members]) + rows.repeat_interleave(counts)
+        table[slots] = values.to(device="cpu", dtype=torch.float64)
+    weights = torch.stack([e.weights if e.weights.numel() else _NO_WEIGHTS for e in entries])
+    x = table.view(n, SAMPLES)
+    return torch.stack([(x * weights).sum(1), (x.abs() * weights).sum(1)], dim=1)
 
 
 def checksum(name: str, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> Checksum:
     """Fingerprint of a full tensor (any device, any strides), its elements cast to ``dtype``."""
-    pos, w = sample_plan(name, tuple(tensor.shape))
-    s, a = _weighted(_gather(tensor, pos), w, dtype).tolist()
+    with torch.no_grad():
+        s, a = _sums([_whole(name, tensor, dtype)])[0].tolist()
     return s, a
 
 
@@ -87,20 +144,15 @@ def _rows_of_shard(param, global_shape: Shape) -> int:
     return start
 
 
-def _partial(name: str, param: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+def _partial(name: str, param: torch.Tensor, dtype: torch.dtype | None) -> _Entry:
     """This rank's share of the fingerprint of ``param`` (all of it for a plain tensor)."""
-    shape = tuple(param.shape)
-    pos, w = sample_plan(name, shape)
     if not hasattr(param, "to_local"):
-        return _weighted(_gather(param, pos), w, dtype)
-    local = param.to_local()
+        return _whole(name, param, dtype)
+    shape = tuple(param.shape)
     start = _rows_of_shard(param, shape)
-    inner = math.prod(shape[1:])
-    rows = pos // inner if inner else pos
-    mine = (rows >= start) & (rows < start + local.shape[0])
-    if not bool(mine.any()):
-        return torch.zeros(2, dtype=torch.float64)
-    return _weighted(_gather(local, pos[mine] - start * inner), w[mine], dtype)
+    local = param.to_local()
+    positions, index = _shard_positions(name, shape, start, local.shape[0], local.device)
+    return _Entry(local, positions, index, sample_plan(name, shape)[1], dtype)
 
 
 def fingerprint_params(
@@ -117,23 +169,23 @@ def fingerprint_params(
     """
     dtypes = dtypes or {}
     names: list[str] = []
-    parts: list[torch.Tensor] = []
+    entries: list[_Entry] = []
     sharded = False
     with torch.no_grad():
         for name, param in named:
             sharded = sharded or hasattr(param, "to_local")
             names.append(name)
-            parts.append(_partial(name, param.detach(), dtypes.get(name)))
-    if not parts:
-        return {}
-    table = torch.stack(parts)
+            entries.append(_partial(name, param, dtypes.get(name)))
+        if not entries:
+            return {}
+        table = _sums(entries)
     if sharded:
         import torch.distributed as dist
 
         table = table.to(device)
         dist.all_reduce(table, group=group)
         table = table.cpu()
-    return {n: (float(s), float(a)) for n, (s, a) in zip(names, table.tolist(), strict=True)}
+    return {n: (s, a) for n, (s, a) in zip(names, table.tolist(), strict=True)}
 
 
 def fingerprint_views(
@@ -142,14 +194,18 @@ def fingerprint_views(
     """Rollout-side fingerprints: ``view_of(name, shape)`` returns the engine's tensor for that HF
     name viewed in the HF shape, or None where it cannot; values are ``(sum, abs sum, dtype)``."""
     out: dict[str, tuple[float, float, str] | None] = {}
+    names: list[str] = []
+    entries: list[_Entry] = []
     with torch.no_grad():
         for name, shape in spec:
             view = view_of(name, tuple(shape))
-            if view is None or tuple(view.shape) != tuple(shape):
-                out[name] = None
-                continue
-            s, a = checksum(name, view)
-            out[name] = (s, a, str(view.dtype).removeprefix("torch."))
+            out[name] = None
+            if view is not None and tuple(view.shape) == tuple(shape):
+                names.append(name)
+                entries.append(_whole(name, view, None))
+        rows = _sums(entries).tolist() if entries else []
+    for name, e, (s, a) in zip(names, entries, rows, strict=True):
+        out[name] = (s, a, str(e.tensor.dtype).removeprefix("torch."))
     return out
 
 

@@ -33,6 +33,7 @@ from rlctl.engines.logprob import (
 )
 from rlctl.engines.mixed_precision import DynamicLossScaler, autocast, compute_dtype
 from rlctl.engines.optim import LossScale, OptimConfig, build_optimizer
+from rlctl.engines.prefix import prompt_groups, shared_prefix_logits
 from rlctl.engines.registry import register_engine
 from rlctl.errors import RunError, UserError
 
@@ -97,14 +98,22 @@ class FSDPTrainEngine:
         attn_implementation: str = "sdpa",
         optim: OptimConfig | None = None,
         micro_batch_size: int = 4,
+        micro_batch_tokens: int = 0,
+        share_prefix: bool = True,
         mesh=None,
         tokenizer=None,
     ):
-        if micro_batch_size < 1:
-            raise UserError(f"micro_batch_size={micro_batch_size} must be >= 1")
+        if micro_batch_size < 1 or micro_batch_tokens < 0:
+            raise UserError(
+                f"micro_batch_size={micro_batch_size} must be >= 1 and micro_batch_tokens="
+                f"{micro_batch_tokens} >= 0"
+            )
         self.model_path = Path(model_path)
         self.device = torch.device(device)
         self.micro_batch_size = micro_batch_size
+        self.micro_batch_tokens = micro_batch_tokens
+        # HF drops the KV cache of a checkpointed layer, so shared prompts need checkpointing off
+        self.share_prefix = share_prefix and not activation_checkpointing
         self.value_head = value_head
         self.mixed_precision = mixed_precision
         self.compute_dtype = compute_dtype(dtype, mixed_precision)
@@ -181,15 +190,30 @@ class FSDPTrainEngine:
             if self.value_head:
                 values = self.model(**inputs)
                 return {"values": values[:, -resp_len - 1 : -1].float()}
-            if self._keep_logits:
-                logits = self.model(**inputs, use_cache=False, logits_to_keep=resp_len + 1).logits
-            else:
-                logits = self.model(**inputs, use_cache=False).logits
-        logits = response_logits(logits, resp_len)
+            logits = self._shared_prefix_logits(inputs, resp_len)
+            if logits is None:
+                if self._keep_logits:
+                    logits = self.model(**inputs, use_cache=False, logits_to_keep=resp_len + 1).logits
+                else:
+                    logits = self.model(**inputs, use_cache=False).logits
+                logits = response_logits(logits, resp_len)
         if with_entropy:
             lp, ent = token_log_probs_and_entropy(logits, mb["responses"], temperature)
             return {"log_probs": lp, "entropy": ent}
         return {"log_probs": token_log_probs(logits, mb["responses"], temperature)}
+
+    def _shared_prefix_logits(self, inputs: Batch, resp_len: int) -> torch.Tensor | None:
+        """Response logits with each distinct prompt computed once (:mod:`rlctl.engines.prefix`);
+        None where no rows share a prompt or the model cannot reuse its cache here."""
+        if not self.share_prefix:
+            return None
+        plen = inputs["input_ids"].shape[1] - resp_len
+        groups = prompt_groups(inputs["input_ids"][:, :plen], inputs["attention_mask"][:, :plen])
+        if groups is None:
+            return None
+        return shared_prefix_logits(
+            self.model, **inputs, response_length=resp_len, groups=groups, keep_logits=self._keep_logits
+        )
 
     @torch.no_grad()
     def compute_log_prob(
@@ -248,7 +272,7 @@ class FSDPTrainEngine:
     def _split(self, batch: Batch, what: str, micro_batch_size: int | None = None) -> list[Batch]:
         """Micro-batches; under FSDP every rank must run the same number (each forward is a
         collective), so a mismatch is a RunError instead of a hang."""
-        parts = split_batch(batch, micro_batch_size or self.micro_batch_size)
+        parts = split_batch(batch, micro_batch_size or self.rows_per_micro_batch(batch))
         if self.distributed:
             counts = torch.tensor([len(parts), -len(parts)], device=self.device)
             dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=self._group())
@@ -258,6 +282,14 @@ class FSDPTrainEngine:
                     f"{int(counts[0])} micro-batches; pad the batch so every DP rank gets the same size"
                 )
         return parts
+
+    def rows_per_micro_batch(self, batch: Batch) -> int:
+        """The sequence count, or under a token budget as many rows as fit at the batch's padded
+        width (at least one). Every DP rank holds the same width and row count (the driver's
+        layout), so every rank cuts the same number of micro-batches."""
+        if self.micro_batch_tokens <= 0:
+            return self.micro_batch_size
+        return max(1, self.micro_batch_tokens // max(1, batch["input_ids"].shape[1]))
 
     def _mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
         if not self.distributed or not metrics:

@@ -22,6 +22,7 @@ from torch import nn
 from rlctl.engines.fingerprint import fingerprint_views
 from rlctl.engines.hf_model import cache_kwarg, load_causal_lm, output_cache, supports_logits_to_keep
 from rlctl.engines.logprob import position_ids_from_mask, scaled_log_softmax
+from rlctl.engines.prefix import prompt_groups, repeat_cache_rows
 from rlctl.engines.registry import register_engine
 from rlctl.engines.sampling import sample_tokens
 from rlctl.errors import RunError, UserError
@@ -83,6 +84,19 @@ class HFRolloutEngine:
         )
         return out.logits[:, -1], output_cache(out)
 
+    def _prefill(self, prompts: torch.Tensor, pmask: torch.Tensor):
+        """The prompts' forward, each distinct prompt once (:mod:`rlctl.engines.prefix`): the n
+        samples of a prompt are adjacent rows and share its KV cache."""
+        positions = position_ids_from_mask(pmask)
+        groups = prompt_groups(prompts, pmask)
+        if groups is None:
+            return self._step(prompts, pmask, positions, None)
+        first = groups.first
+        logits, cache = self._step(prompts[first], pmask[first], positions[first], None)
+        if not repeat_cache_rows(cache, groups.row_group):
+            return self._step(prompts, pmask, positions, None)
+        return logits[groups.row_group], cache
+
     @torch.no_grad()
     def generate(
         self,
@@ -131,7 +145,7 @@ class HFRolloutEngine:
         finished = torch.zeros(bsz, dtype=torch.bool, device=dev)
         next_pos = pmask.sum(-1, keepdim=True)
 
-        logits, cache = self._step(prompts, pmask, position_ids_from_mask(pmask), None)
+        logits, cache = self._prefill(prompts, pmask)
         for t in range(max_new_tokens):
             logp = scaled_log_softmax(logits, temperature)
             tok = sample_tokens(logp, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)

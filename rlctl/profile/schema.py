@@ -111,6 +111,12 @@ class ActorSection:
     ppo_epochs: int = field(1, "Passes over each step's batch.", ge=1)
     mini_batch_prompts: int = field(0, "Prompts per optimiser step (0 = the whole step's batch).", ge=0)
     micro_batch_sequences: int = field(16, "Sequences per forward/backward (gradient accumulation).", ge=1)
+    micro_batch_tokens: int = field(
+        0,
+        "Token budget per forward/backward instead of a sequence count: as many sequences as fit in "
+        "it at the batch's padded width (verl's dynamic batch size). 0 = use micro_batch_sequences.",
+        ge=0,
+    )
     policy_loss: str = field("vanilla", "Policy loss (vanilla, gspo, cispo, gpg).")
     clip_ratio_low: float = field(0.2, "PPO clip below 1.", ge=0)
     clip_ratio_high: float = field(0.2, "PPO clip above 1 (DAPO clip-higher: larger).", ge=0)
@@ -149,6 +155,9 @@ class RolloutSection:
 class RefSection:
     path: str = field("", "Reference model directory; empty means model.path.", path=True)
     micro_batch_sequences: int = field(32, "Sequences per reference forward.", ge=1)
+    micro_batch_tokens: int = field(
+        0, "Token budget per reference forward (0 = use micro_batch_sequences).", ge=0
+    )
 
 
 @dataclass
@@ -160,6 +169,9 @@ class CriticSection:
     cliprange_value: float = field(0.5, "Value clipping range.", ge=0)
     ppo_epochs: int = field(1, "Critic passes over each step's batch.", ge=1)
     micro_batch_sequences: int = field(16, "Sequences per critic forward/backward.", ge=1)
+    micro_batch_tokens: int = field(
+        0, "Token budget per critic forward/backward (0 = use micro_batch_sequences).", ge=0
+    )
 
 
 @dataclass

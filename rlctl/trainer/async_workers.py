@@ -9,14 +9,13 @@ worker objects the driver calls from its rollout thread. Weights cross as host t
 the driver (``PolicyWorker.full_weights`` -> ``RolloutWorker.update_weights``); each push carries
 the weight version, which every generated sample then reports.
 
-On one CPU host both pools share the same cores; each rollout rank takes half of its node's
-threads so the two sides do not oversubscribe the host twice over. On accelerators the rollout
-pool needs devices of its own (the capacity check says so before anything starts).
+On one CPU host both pools share the same cores: the rollout ranks take half of each host's
+cores and the training ranks the other half (``workers._cpu_threads``, one rule for both sides),
+so the two together never run more OpenMP threads than the host has cores. On accelerators the
+rollout pool needs devices of its own (the capacity check says so before anything starts).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -24,7 +23,7 @@ from rlctl.dispatch import DataProto, Dispatch, Worker, WorkerGroup, register, s
 from rlctl.dispatch.pool import ResourcePool
 from rlctl.trainer import choices
 from rlctl.trainer.specs import PolicySpec, build_specs
-from rlctl.trainer.workers import rollout_engine, sample_rows
+from rlctl.trainer.workers import _cpu_threads, rollout_engine, sample_rows
 
 
 class RolloutWorker(Worker):
@@ -37,11 +36,8 @@ class RolloutWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        spec = self.spec
-        if spec.engine.device_type == "cpu" and not self.ctx.in_process:
-            # the training processes on this host use the other half (see the module docstring)
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // (2 * max(1, self.ctx.local_world_size))))
-        self.rollout = rollout_engine(spec)
+        _cpu_threads(self, self.spec.engine, side="rollout")  # half the host; training has the rest
+        self.rollout = rollout_engine(self.spec)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> int:

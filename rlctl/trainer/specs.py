@@ -24,9 +24,11 @@ class EngineSpec:
     trust_remote_code: bool = False
     dist_backend: str = "gloo"
     micro_batch_sequences: int = 16
+    micro_batch_tokens: int = 0  # > 0: a token budget per micro-batch instead of the sequence count
     activation_checkpointing: bool = False
     offload: bool = False
     seed: int = 1
+    separate_rollout: bool = False  # a rollout group in processes of its own shares the hosts (off-policy)
 
 
 @dataclass(frozen=True)
@@ -124,9 +126,11 @@ def build_specs(
         trust_remote_code=p.model.trust_remote_code,
         dist_backend=dist_backend,
         micro_batch_sequences=p.actor.micro_batch_sequences,
+        micro_batch_tokens=p.actor.micro_batch_tokens,
         activation_checkpointing=p.actor.activation_checkpointing,
         offload=p.actor.param_offload or p.actor.optimizer_offload,
         seed=p.run.seed,
+        separate_rollout=p.trainer.mode != "sync",
     )
     update = UpdateSpec(ppo_epochs=p.actor.ppo_epochs, temperature=p.rollout.temperature)
     policy = PolicySpec(
@@ -167,6 +171,7 @@ def build_specs(
                 base,
                 model_path=p.ref.path or p.model.path,
                 micro_batch_sequences=p.ref.micro_batch_sequences,
+                micro_batch_tokens=p.ref.micro_batch_tokens,
                 dtype=dtype,
                 mixed_precision=None,
             )
@@ -178,6 +183,7 @@ def build_specs(
                 base,
                 model_path=p.critic.path or p.model.path,
                 micro_batch_sequences=p.critic.micro_batch_sequences,
+                micro_batch_tokens=p.critic.micro_batch_tokens,
             ),
             optim=OptimConfig(
                 lr=p.critic.lr,

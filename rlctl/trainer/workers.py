@@ -48,10 +48,27 @@ def _model_type(path: str) -> str:
         return "*"
 
 
-def _cpu_threads(worker: Worker, spec: EngineSpec) -> None:
-    """On CPU, give each rank its share of the host's cores (Ray pins OMP_NUM_THREADS to 1)."""
-    if spec.device_type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, worker.ctx.local_world_size)))
+def _cpu_threads(worker: Worker, spec: EngineSpec, side: str = "train") -> int | None:
+    """On CPU, set this rank's share of its host's cores (Ray pins OMP_NUM_THREADS to 1); returns it.
+
+    The host's ``local_world_size`` ranks share its cores equally. In the off-policy modes
+    (``spec.separate_rollout``) a rollout group of the same shape runs in processes of its own on
+    the same hosts (:mod:`.async_workers`): its ranks (``side="rollout"``) take half the cores and
+    the training ranks the rest, so the two sides together use each core once (OpenMP threads
+    beyond the cores spin against each other). In-process workers share one process: nothing to
+    split. Every rank gets at least one thread. None off CPU (nothing set).
+    """
+    if spec.device_type != "cpu":
+        return None
+    if side not in ("train", "rollout"):
+        raise ValueError(f"side must be 'train' or 'rollout', got {side!r}")
+    cores, ranks = os.cpu_count() or 1, max(1, worker.ctx.local_world_size)
+    threads = max(1, cores // ranks)
+    if (spec.separate_rollout or side == "rollout") and not worker.ctx.in_process:
+        rollout = max(1, cores // (2 * ranks))
+        threads = rollout if side == "rollout" else max(1, (cores - ranks * rollout) // ranks)
+    torch.set_num_threads(threads)
+    return threads
 
 
 def rollout_engine(spec: Any) -> Any:
@@ -90,6 +107,7 @@ def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool
         attn_implementation=spec.attn_implementation,
         optim=optim,
         micro_batch_size=spec.micro_batch_sequences,
+        micro_batch_tokens=spec.micro_batch_tokens,
     )
 
 

@@ -113,3 +113,22 @@ def seq_mean_token_sum_norm_loss(outputs, mb, scale, horizon: int = 5):
     mask = mb["response_mask"].float()
     loss = -(outputs["log_probs"] * mask).sum() / horizon / scale.global_seqs * scale.dp_size
     return loss, {"loss": float(loss.detach())}
+
+
+def make_grouped_batch(
+    groups: int = 2, n: int = 4, prompt_len: int = 6, resp_len: int = 5, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """GRPO's layout: ``n`` adjacent rows per prompt (identical prompt part), each its own response."""
+    prompts = make_batch(groups, prompt_len, resp_len, seed)
+    responses = make_batch(groups * n, prompt_len, resp_len, seed + 1)
+    plen = prompt_len
+    prompt_ids = prompts["input_ids"][:, :plen].repeat_interleave(n, 0)
+    prompt_mask = prompts["attention_mask"][:, :plen].repeat_interleave(n, 0)
+    attention_mask = torch.cat([prompt_mask, responses["response_mask"]], dim=1)
+    return {
+        "input_ids": torch.cat([prompt_ids, responses["responses"]], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "responses": responses["responses"],
+        "response_mask": responses["response_mask"],
+    }

@@ -214,3 +214,21 @@ def test_non_finite_gradients_skip_the_update(model_dir, device):
     assert metrics["skipped"] == 1.0 and engine.global_step == 0
     assert all(torch.equal(before[k], v) for k, v in engine.export_weights())
     assert engine.train_batch(make_batch(2), token_mean_loss)["skipped"] == 0.0 and engine.global_step == 1
+
+
+def test_token_budget_cuts_micro_batches_by_padded_width(model_dir):
+    batch = make_batch(8, prompt_len=7, resp_len=6, seed=11)  # width 13
+    engine = FSDPTrainEngine(model_dir, micro_batch_size=2, micro_batch_tokens=40)
+    assert engine.rows_per_micro_batch(batch) == 3  # 40 // 13
+    assert [len(mb["input_ids"]) for mb in engine._split(batch, "test")] == [3, 3, 2]
+    assert FSDPTrainEngine(model_dir, micro_batch_tokens=5).rows_per_micro_batch(batch) == 1
+    assert FSDPTrainEngine(model_dir, micro_batch_size=2).rows_per_micro_batch(batch) == 2
+    grads = {}
+    for kw in ({"micro_batch_size": 1}, {"micro_batch_tokens": 1000}):
+        e = FSDPTrainEngine(model_dir, optim=OptimConfig(lr=0.0, grad_clip=0.0), **kw)
+        e.train_batch(batch, token_mean_loss)
+        grads[next(iter(kw))] = _grads(e)
+    a, b = grads.values()
+    assert (a - b).norm() / a.norm() <= 1e-6
+    with pytest.raises(UserError, match="micro_batch_tokens=-1"):
+        FSDPTrainEngine(model_dir, micro_batch_tokens=-1)
