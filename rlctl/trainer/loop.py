@@ -65,13 +65,13 @@ class Trainer:
         )
         mini = self.p.actor.mini_batch_prompts or self.p.trainer.prompts_per_step
         self.mini_batch_prompts = mini
-        # Exactly on-policy (one epoch, one mini-batch, no KL-in-reward, no correction): the update's
-        # own log-probs equal the old ones, so the recompute pass is skipped (ratio == 1 by definition).
+        # One epoch over one mini-batch without KL-in-reward: the update's own log-probs equal the
+        # old ones, so the recompute pass is skipped (ratio == 1 by definition). A rollout correction
+        # then takes them as the proximal policy's, inside the loss (``trainer.losses``).
         self.recompute_old_log_prob = (
             self.p.actor.ppo_epochs > 1
             or mini != self.p.trainer.prompts_per_step
             or self.p.algorithm.use_kl_in_reward
-            or self.p.algorithm.rollout_correction != "off"
         )
         # Multi-turn mode (agent.env set): the rollout stage runs episodes, the environment scores them.
         self.episodes = EpisodeRollout(ctx) if getattr(self.p.agent, "env", "") else None
@@ -150,7 +150,7 @@ class Trainer:
         with timer("update_actor"):
             metrics.update(mean_metrics(self.ctx.policy.update_actor(self._laid_out(batch, self.ctx.policy))))
         with timer("sync"):  # then the check that the rollout engine holds the new weights
-            sync_metrics = merge_sync_metrics(self.ctx.policy.sync_weights(step, skipped_tensor(step)))
+            sync_metrics = self.sync_rollout(step)
         step_s = time.perf_counter() - start
         self.train_time_s += step_s
         tokens = float(batch.batch["attention_mask"].sum())
@@ -257,6 +257,10 @@ class Trainer:
                 "weight_version": out.meta.get("weight_version"),
             },
         )
+
+    def sync_rollout(self, step: int) -> dict[str, float]:
+        """Step ``step``'s weights into the colocated rollout engine, checked (``sync/*`` metrics)."""
+        return merge_sync_metrics(self.ctx.policy.sync_weights(step, skipped_tensor(step)))
 
     def score(self, batch: DataProto, *, shaping: bool = True) -> tuple[DataProto, dict[str, float]]:
         """The profile's reward on a generated batch; in multi-turn mode the environment's."""
@@ -377,8 +381,11 @@ class Trainer:
         (self.ctx.run_dir / "error.log").write_text(f"{exc}\n")
         return exc
 
-    def _due(self, every: int) -> bool:
-        return self.step == self.total_steps or (every > 0 and self.step % every == 0)
+    def _due(self, every: int, step: int | None = None) -> bool:
+        """Whether something done every ``every`` steps (and after the last) follows ``step``
+        (default: the last completed step)."""
+        step = self.step if step is None else step
+        return step == self.total_steps or (every > 0 and step % every == 0)
 
     def _seed(self, step: int, round_: int) -> int:
         return (self.p.run.seed * 1_000_003 + step * 101 + round_) % (2**31)

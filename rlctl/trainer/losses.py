@@ -18,12 +18,14 @@ from rlctl.algorithms import (
     kl_loss,
     kl_penalty,
     masked_mean,
+    rollout_is_weights,
     value_loss,
 )
 from rlctl.engines.optim import LossScale
 from rlctl.trainer.specs import ActorLossSpec, CriticSpec
 
 Batch = dict[str, torch.Tensor]
+CORRECTION_PREFIX = "rollout_corr/"  # the correction's metrics keep the driver's names
 LossFn = Callable[[Batch, Batch, LossScale], tuple[torch.Tensor, dict[str, float]]]
 
 
@@ -47,6 +49,21 @@ def make_actor_loss(spec: ActorLossSpec) -> LossFn:
         norm_constant=spec.norm_constant,
     )
 
+    def correction(old: torch.Tensor, mb: Batch) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """The driver's importance weights, or (no old-log-prob pass) this micro-batch's from the
+        proximal log-probs ``old`` and the rollout engine's; their metrics as ``rollout_corr/*``."""
+        if "rollout_is_weights" in mb or spec.rollout_correction == "off" or "rollout_log_probs" not in mb:
+            return mb.get("rollout_is_weights"), {}
+        weights, metrics = rollout_is_weights(
+            old,
+            mb["rollout_log_probs"],
+            mb["response_mask"],
+            level=spec.rollout_correction,
+            mode=spec.rollout_correction_mode,
+            threshold=spec.rollout_correction_threshold,
+        )
+        return weights, {f"{CORRECTION_PREFIX}{k}": v for k, v in metrics.items()}
+
     def loss_fn(out: Batch, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
         mask = mb["response_mask"]
         log_prob = out["log_probs"]
@@ -55,9 +72,14 @@ def make_actor_loss(spec: ActorLossSpec) -> LossFn:
         config = base.with_batch(
             global_tokens=scale.global_tokens, global_seqs=scale.global_seqs, dp_size=scale.dp_size
         )
-        pg, metrics = policy_loss(
-            old, log_prob, mb["advantages"], mask, spec.loss_agg_mode, config, mb.get("rollout_is_weights")
-        )
+        weights, corr_metrics = correction(old, mb)
+        pg, metrics = policy_loss(old, log_prob, mb["advantages"], mask, spec.loss_agg_mode, config, weights)
+        metrics.update(corr_metrics)
+        if "old_log_probs" not in mb and "rollout_log_probs" in mb:
+            # no recompute pass measured the train/inference gap: the update's own log-probs do
+            # (watched by the trainer's LogProbGapAlarm)
+            gap = (old - mb["rollout_log_probs"]).abs()
+            metrics["rollout/log_prob_diff_mean"] = masked_mean(gap, mask).item()
         agg = _agg(scale, spec.norm_constant)
         ent = entropy_loss(out["entropy"], mask, spec.loss_agg_mode, **agg) if "entropy" in out else None
         kl = None

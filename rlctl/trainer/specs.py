@@ -45,6 +45,11 @@ class ActorLossSpec:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     norm_constant: float | None = None
+    # train/inference mismatch correction computed in the loss when the driver did not (no
+    # old-log-prob pass: the update's own detached log-probs are the proximal policy's)
+    rollout_correction: str = "off"
+    rollout_correction_mode: str = "truncate"
+    rollout_correction_threshold: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,15 @@ class RoleSpecs:
     policy: PolicySpec
     ref: RefSpec | None = None
     critic: CriticSpec | None = None
+
+
+def effective_rollout_correction(profile: Profile) -> str:
+    """``algorithm.rollout_correction``, except that the off-policy modes always correct (token
+    level when the profile says "off"): their samples come from older weights."""
+    correction = profile.algorithm.rollout_correction
+    if profile.trainer.mode != "sync" and correction == "off":
+        return "token"
+    return correction
 
 
 def build_specs(
@@ -155,6 +169,9 @@ def build_specs(
             kl_loss_coef=p.actor.kl_loss_coef,
             kl_loss_type=p.actor.kl_loss_type,
             norm_constant=float(p.rollout.max_new_tokens),
+            rollout_correction=effective_rollout_correction(p),
+            rollout_correction_mode=p.algorithm.rollout_correction_mode,
+            rollout_correction_threshold=p.algorithm.rollout_correction_threshold,
         ),
         update=update,
         rollout=RolloutSpec(

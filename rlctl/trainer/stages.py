@@ -48,6 +48,7 @@ WORKER_KEYS = (
     "returns",
     "advantages",
     "rollout_is_weights",
+    "rollout_log_probs",  # the actor's loss corrects with them when the driver did not
 )
 
 
@@ -116,8 +117,9 @@ def compute_advantages(batch: DataProto, algo, kl_ctrl) -> tuple[DataProto, dict
         )
         metrics["actor/kl"] = kl_metrics["reward_kl_penalty"]
         metrics["actor/kl_coef"] = kl_metrics["reward_kl_penalty_coeff"]
-    if algo.rollout_correction != "off":
-        # Train/inference mismatch correction with the rollout engine's own log-probs.
+    if algo.rollout_correction != "off" and "old_log_probs" in t:
+        # Train/inference mismatch correction with the rollout engine's own log-probs (without an
+        # old-log-prob pass the actor's loss computes it from the update's own log-probs).
         extra["rollout_is_weights"], is_metrics = rollout_is_weights(
             t["old_log_probs"],
             t["rollout_log_probs"],

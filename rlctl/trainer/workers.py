@@ -181,7 +181,7 @@ class PolicyWorker(Worker):
         many mini-batches (optimiser steps) a step holds.
         """
         inject_fault(self, "update_actor", batch.meta.get("step"))
-        extra = ("old_log_probs", "ref_log_probs", "advantages", "rollout_is_weights")
+        extra = ("old_log_probs", "ref_log_probs", "advantages", "rollout_is_weights", "rollout_log_probs")
         minis = _mini_batches(batch, _train_view(batch, *extra))
         metrics = []
         self.rollout.sleep()  # colocated: the rollout engine's memory goes to training until the sync
@@ -197,7 +197,8 @@ class PolicyWorker(Worker):
                         )
                     )
             self.actor.advance_schedule()
-        return {f"actor/{k}": v for k, v in mean_metrics(metrics).items()}
+        # the loss's namespaced metrics (rollout_corr/*, rollout/*) keep the names the driver uses
+        return {k if "/" in k else f"actor/{k}": v for k, v in mean_metrics(metrics).items()}
 
     @register(dispatch_mode=Dispatch.RANK_ZERO)
     def rollout_log_prob_gap(self, temperature: float, top_p: float, top_k: int) -> str | None:

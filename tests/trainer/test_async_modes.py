@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlctl.profile import load_profile
 from tests.cli_runner import run_cli
 from tests.trainer.test_train_e2e import DETERMINISTIC, by_step, metrics
 
@@ -84,43 +83,21 @@ def same(a: dict[int, dict], b: dict[int, dict], steps, rel: float = 1e-5, abs: 
                 assert a[step][key] == pytest.approx(b[step][key], rel=rel, abs=abs), (step, key)
 
 
-def spied_run(path: Path) -> tuple[dict[int, dict], list[torch.Tensor]]:
-    """A one_step_off run whose actor-update inputs are recorded: per step, the importance weights
-    on the response tokens."""
-    from rlctl.trainer.context import build_context
-    from rlctl.trainer.loop_one_step_off import OneStepOffTrainer
-
-    profile = load_profile(path, [])
-    run_dir = path.parent / "runs" / path.stem
-    run_dir.mkdir(parents=True)
-    ctx = build_context(profile, run_dir)
-    seen: list[torch.Tensor] = []
-    update = ctx.policy.update_actor
-
-    def spy(batch, **kw):
-        seen.append(batch.batch["rollout_is_weights"][batch.batch["response_mask"].bool()])
-        return update(batch, **kw)
-
-    ctx.policy.update_actor = spy
-    try:
-        OneStepOffTrainer(ctx).fit()
-    finally:
-        ctx.shutdown()
-    return by_step(metrics(run_dir)), seen
-
-
 @pytest.mark.timeout(300)
 def test_one_step_off_is_one_behind_corrected_and_deterministic(profile_for):
-    a, weights = spied_run(profile_for("a", "one_step_off"))
+    a = train(profile_for("a", "one_step_off"))
     assert [a[s]["async/staleness_max"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
     assert [a[s]["async/weight_version_min"] for s in (1, 2, 3)] == [1, 1, 2]
     assert "val/accuracy" in a[2] and "time/wait_rollout" in a[3]
-    # the importance weights reach the update; they move off 1 exactly where the policy moved
-    # (step 1 trains the policy that generated it: only fp32 rounding between the two engines)
-    assert len(weights) == 3
-    assert (weights[0] - 1).abs().max() < 1e-5
-    for w in weights[1:]:
-        assert (w - 1).abs().max() > 1e-3
+    assert all("time/old_log_prob" not in a[s] for s in (1, 2, 3))  # the update's own log-probs
+
+    # the importance weights the update used (its loss computes them): they move off 1 exactly
+    # where the policy moved (step 1 trains the policy that generated it: fp32 rounding only)
+    def spread(step: int) -> float:
+        return max(a[step]["rollout_corr/rollout_is_max"] - 1, 1 - a[step]["rollout_corr/rollout_is_min"])
+
+    assert spread(1) < 1e-5
+    assert spread(2) > 1e-3 and spread(3) > 1e-3
     b = train(profile_for("b", "one_step_off"))
     for step in (1, 2, 3):  # the same run, bit for bit, whatever the two threads' timing was
         for key in (*DETERMINISTIC, "rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_min"):
@@ -166,6 +143,14 @@ def test_the_policy_loss_multiplies_the_importance_weights():
     plain, _ = loss_fn(out, mb, scale)
     weighted, _ = loss_fn(out, {**mb, "rollout_is_weights": torch.full((4, 3), 0.5)}, scale)
     assert weighted.item() == pytest.approx(0.5 * plain.item())
+    # without the driver's weights, a correcting loss computes them from the proximal log-probs
+    # (here the detached old ones) and the rollout engine's: exp(log 0.5) = 0.5 everywhere
+    correcting = make_actor_loss(ActorLossSpec(rollout_correction="token"))
+    rollout = {**mb, "rollout_log_probs": mb["old_log_probs"] - torch.log(torch.tensor(0.5))}
+    inside, metrics = correcting(out, rollout, scale)
+    assert inside.item() == pytest.approx(0.5 * plain.item())
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(0.5)
+    assert make_actor_loss(ActorLossSpec())(out, rollout, scale)[0].item() == pytest.approx(plain.item())
 
 
 @pytest.mark.ray
