@@ -43,6 +43,31 @@ def _padded_shard(
     return buf
 
 
+def gather_one(
+    shard: torch.Tensor | None,
+    shape: tuple[int, ...],
+    train_world: int,
+    world: int,
+    dtype: torch.dtype,
+    group: object | None = None,
+    dst: int | None = None,
+) -> torch.Tensor | None:
+    """``DTensor.full_tensor()`` of one FSDP2 dim-0 shard (pad to ``ceil(n/p)`` rows, gather, narrow):
+    on every rank (``dst=None``, all-gather) or only on ``dst`` (None on the others)."""
+    import torch.distributed as dist
+
+    if world == 1:  # one rank: the shard is the full tensor
+        return shard
+    mine = _padded_shard(shard, shape[0], shape[1:], train_world, dtype)
+    rank = dist.get_rank(group)
+    gathered = torch.empty((mine.shape[0] * world, *shape[1:]), dtype=dtype) if dst in (None, rank) else None
+    if dst is None:
+        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(gathered, mine, group=group)
+    else:
+        dist.gather(mine, list(gathered.chunk(world)) if gathered is not None else None, dst=dst, group=group)
+    return None if gathered is None else gathered[: shape[0]]
+
+
 def gather_full(
     params: Mapping[str, tuple[int, ...]],
     shards: Mapping[str, torch.Tensor],
@@ -53,28 +78,12 @@ def gather_full(
     dst: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Full HF tensors from FSDP dim-0 shards: on every rank (``dst=None``, all-gather) or on ``dst``."""
-    import torch.distributed as dist
-
-    rank = dist.get_rank(group) if world > 1 else 0
     full: dict[str, torch.Tensor] = {}
     for name, shape in params.items():
         shard = local_tensor(shards[name]) if name in shards else None
-        if world == 1:
-            full[name] = shard
-            continue
-        mine = _padded_shard(shard, shape[0], shape[1:], train_world, dtype)
-        size = mine.shape[0]
-        if dst is None or rank == dst:
-            gathered = torch.empty((size * world, *shape[1:]), dtype=dtype)
-        if dst is None:
-            all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            all_gather(gathered, mine, group=group)
-        else:
-            parts = list(gathered.chunk(world)) if rank == dst else None
-            dist.gather(mine, parts, dst=dst, group=group)
-        if dst is None or rank == dst:
-            full[name] = gathered[: shape[0]]
-        del mine
+        tensor = gather_one(shard, shape, train_world, world, dtype, group, dst)
+        if tensor is not None:
+            full[name] = tensor
     return full
 
 

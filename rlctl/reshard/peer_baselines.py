@@ -38,7 +38,7 @@ from collections.abc import Mapping
 
 import torch
 
-from rlctl.reshard.baselines import _padded_shard, gather_full
+from rlctl.reshard.baselines import gather_full, gather_one
 from rlctl.reshard.executor import local_tensor
 from rlctl.reshard.layout import Block, Layout
 
@@ -68,22 +68,11 @@ class RolloutLoader:
             t2[b.at : b.at + b.rows].copy_(src[b.row0 : b.row1, b.col0 : b.col1])
 
 
-def _gather_one(
-    shard: torch.Tensor | None,
-    shape: tuple[int, ...],
-    train_world: int,
-    dtype: torch.dtype,
-    group: object | None,
-) -> torch.Tensor:
-    """``DTensor.full_tensor()`` of an FSDP2 dim-0 shard: pad to ``ceil(n/p)`` rows, all-gather, narrow."""
+def _world(group: object | None) -> int:
+    """Ranks of the training group (1 without torch.distributed)."""
     import torch.distributed as dist
 
-    if not dist.is_initialized():  # one rank: the shard is the full tensor
-        return shard
-    mine = _padded_shard(shard, shape[0], shape[1:], train_world, dtype)
-    gathered = torch.empty((mine.shape[0] * dist.get_world_size(group), *shape[1:]), dtype=dtype)
-    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(gathered, mine, group=group)
-    return gathered[: shape[0]]
+    return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
 def verl_bucketed(
@@ -114,7 +103,7 @@ def verl_bucketed(
 
     for name, shape in params.items():
         shard = local_tensor(shards[name]) if name in shards else None
-        full = _gather_one(shard, shape, train_world, dtype, group)
+        full = gather_one(shard, shape, train_world, _world(group), dtype, group)
         nbytes = full.numel() * full.element_size()
         if nbytes > bucket_bytes:  # verl sends a weight larger than the bucket on its own
             flush()
@@ -148,7 +137,7 @@ def openrlhf_broadcast(
     root = 0 if group is None else dist.get_global_rank(group, 0)
     for name, shape in params.items():
         shard = local_tensor(shards[name]) if name in shards else None
-        full = _gather_one(shard, shape, train_world, dtype, group)
+        full = gather_one(shard, shape, train_world, _world(group), dtype, group)
         if not dist.is_initialized():
             loader.load(name, full)
         elif rank == 0:
