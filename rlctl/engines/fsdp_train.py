@@ -33,7 +33,7 @@ from rlctl.engines.logprob import (
 )
 from rlctl.engines.mixed_precision import DynamicLossScaler, autocast, compute_dtype
 from rlctl.engines.optim import LossScale, OptimConfig, build_optimizer
-from rlctl.engines.prefix import prompt_groups, shared_prefix_logits
+from rlctl.engines.prefix import PrefixGroups, prompt_groups, shared_prefix_logits
 from rlctl.engines.registry import register_engine
 from rlctl.errors import RunError, UserError
 
@@ -209,7 +209,15 @@ class FSDPTrainEngine:
             return None
         plen = inputs["input_ids"].shape[1] - resp_len
         groups = prompt_groups(inputs["input_ids"][:, :plen], inputs["attention_mask"][:, :plen])
-        if groups is None:
+        if self.distributed:
+            # every forward is a collective under FSDP: all ranks take the same path, the two-pass
+            # one as soon as any rank shares a prompt (ranks without sharing then share nothing)
+            any_shared = torch.tensor([int(groups is not None)], device=self.device)
+            dist.all_reduce(any_shared, op=dist.ReduceOp.MAX, group=self._group())
+            if not int(any_shared):
+                return None
+            groups = groups or PrefixGroups.each_row(len(inputs["input_ids"]), self.device)
+        elif groups is None:
             return None
         return shared_prefix_logits(
             self.model, **inputs, response_length=resp_len, groups=groups, keep_logits=self._keep_logits

@@ -10,9 +10,11 @@ prompt part once per distinct prompt and let every sample attend to that one KV 
   gradient are those of the full per-row forward; only the float summation order differs
   (bounded in the tests).
 
-At 8 prompt tokens, 4 response tokens and ``n = 8`` that is 2.3x fewer tokens through the model.
+At 8 prompt tokens, 4 response tokens and ``n = 8`` that is 2.4x fewer tokens through the model.
 The cache is the model's own (``DynamicCache``); models or settings whose cache cannot be reused
-under autograd (activation checkpointing drops it) take the plain path.
+under autograd (activation checkpointing drops it) take the plain path. Under FSDP every forward
+is a collective, so all ranks take the same path (the training engine agrees on it per
+micro-batch).
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ class PrefixGroups:
     first: torch.Tensor
     row_group: torch.Tensor
 
-    @property
-    def saving(self) -> float:
-        """Rows per distinct prompt (1.0: nothing shared)."""
-        return len(self.row_group) / max(1, len(self.first))
+    @classmethod
+    def each_row(cls, rows: int, device: torch.device | str = "cpu") -> PrefixGroups:
+        """Every row its own group (the two-pass forward without sharing)."""
+        index = torch.arange(rows, device=device)
+        return cls(first=index, row_group=index)
 
 
 def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> PrefixGroups | None:

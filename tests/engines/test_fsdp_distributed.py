@@ -93,6 +93,12 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> N
             result[f"grouped_log_probs_{share}"] = e.compute_log_prob(grouped, temperature=0.7)["log_probs"]
             e.train_batch(grouped, token_mean_loss, temperature=0.7)
             result[f"grouped_step_{share}"] = _params(e)
+        # one rank shares prompts, the other does not: the ranks must still run the same forwards
+        # (each is a collective), or the backward's all-gathers and reduce-scatters deadlock
+        mixed = grouped if rank == 0 else {k: v[rows] for k, v in make_batch(8, seed=6).items()}
+        e = FSDPTrainEngine(model_dir, micro_batch_size=4, optim=optim)
+        result["mixed_log_probs"] = e.compute_log_prob(mixed, temperature=0.7)["log_probs"]
+        e.train_batch(mixed, token_mean_loss, temperature=0.7)
         if world == 2:  # ranks with different micro-batch counts fail loudly instead of hanging
             uneven = {k: v[: 3 if rank == 0 else 1] for k, v in b1.items()}
             try:
@@ -253,3 +259,11 @@ def test_shared_prompt_forward_matches_the_plain_one_under_fsdp(runs, world):
         for name, p in plain.items():
             assert (shared[name] - p).abs().max() <= 1e-4, name
         assert any((shared[k] - r["step1"][k]).abs().max() > 1e-4 for k in plain)  # a different step
+    # the run finished (no deadlock) with one rank sharing prompts and the other not, and right
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    per_rank = 8 // world
+    parts = [make_grouped_batch(2, n=4, seed=5), make_batch(8, seed=6)]
+    for rank, r in enumerate(out[world]):
+        part = {k: v[rank * per_rank : (rank + 1) * per_rank] for k, v in parts[rank].items()}
+        ref, m = reference_log_probs(model, part, 0.7), part["response_mask"].bool()
+        assert (r["mixed_log_probs"][m] - ref[m]).abs().max() <= 1e-5
