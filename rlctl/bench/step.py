@@ -10,7 +10,8 @@ the same way:
 - **accuracy curve**: greedy held-out accuracy on the profile's validation prompts against the
   training seconds spent so far; **time to sustained target** is the training time of the first
   validation after which every later one (at least ``SUSTAIN`` of them, itself included) stays at
-  or above ``target``.
+  or above ``target``; **accuracy at equal time** is each run's latest validation at the
+  training seconds every run reached (the shortest run's last validation).
 - **matmul fraction**: FLOP-counted work of a step (2 x matmul parameters x tokens per forward
   pass: generation 1, actor update 3, each extra log-prob pass 1) over its seconds, as a
   fraction of this host's measured fp32 matrix multiply (``host_matmul_gflops``).
@@ -373,8 +374,14 @@ def run_step_bench(cfg: StepBenchConfig) -> dict[str, Any]:
         rows = [run_rlctl(cfg, mode, out, params, peak) for mode in cfg.modes]
         if cfg.against_trl:
             rows.append(run_trl(cfg, out, params, peak))
+        equal_s = equal_time(rows)
+        for r in rows:
+            r["accuracy_at_equal_time"] = accuracy_at(
+                [(p["train_s"], p["accuracy"]) for p in r["curve"]], equal_s
+            )
         result = {
             "config": {**asdict(cfg), "profile": str(cfg.profile or shipped_profile())},
+            "equal_time_s": equal_s,
             "shape": {
                 "prompts_per_step": base.trainer.prompts_per_step,
                 "n": base.rollout.n,
@@ -390,6 +397,12 @@ def run_step_bench(cfg: StepBenchConfig) -> dict[str, Any]:
         if cfg.out_dir:
             result["png"] = plot_curves(rows, out / "bench_step.png", cfg.target)
         return result
+
+
+def equal_time(rows: list[dict[str, Any]]) -> float:
+    """The training seconds every run reached: the shortest run's last validation."""
+    ends = [r["curve"][-1]["train_s"] for r in rows if r["curve"]]
+    return min(ends) if ends else 0.0
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:

@@ -86,7 +86,18 @@ def render(result: dict) -> None:
             f"{shape['val_prompts']} held-out prompts; host fp32 matmul {result['host_matmul_gflops']:.0f} GFLOP/s"
         )
     )
-    cols = ("run", "s/step", "samples/s", "x sync", "final acc", "to 80% s", "matmul frac", "staleness")
+    equal = result.get("equal_time_s", 0.0)
+    cols = (
+        "run",
+        "s/step",
+        "samples/s",
+        "x sync",
+        "final acc",
+        f"acc at {equal:.0f} s",
+        "to 80% s",
+        "matmul frac",
+        "staleness",
+    )
     for col in cols:
         table.add_column(col, justify="right")
     sync = next((r for r in result["rows"] if r["name"] == "sync"), None)
@@ -97,6 +108,7 @@ def render(result: dict) -> None:
             f"{r['samples_per_s']:.0f}",
             _s(r["samples_per_s"] / sync["samples_per_s"] if sync else None, "{:.2f}"),
             _s(r["final_accuracy"], "{:.3f}"),
+            _s(r.get("accuracy_at_equal_time"), "{:.3f}"),
             _s(r["time_to_sustained_s"]),
             _s(r["matmul_fraction"], "{:.3f}"),
             _s(r.get("staleness_mean"), "{:.2f}"),

@@ -68,6 +68,12 @@ def test_bench_step_json_runs_each_mode(tmp_path):
         assert r["matmul_fraction"] > 0 and "update_actor" in r["stages_s"]
     assert "wait_rollout" in result["rows"][1]["stages_s"] and "staleness_mean" in result["rows"][1]
     assert "async_samples_per_s_vs_sync" in result["ratios"]
+    # accuracy at the training seconds both runs reached: the shorter run's last validation
+    equal = min(r["curve"][-1]["train_s"] for r in result["rows"])
+    assert result["equal_time_s"] == equal
+    for r in result["rows"]:
+        seen = [p["accuracy"] for p in r["curve"] if p["train_s"] <= equal + 1e-9]
+        assert r["accuracy_at_equal_time"] == seen[-1]
     assert result["shape"]["prompts_per_step"] == 2 and result["host_matmul_gflops"] > 0
     assert (tmp_path / "bench_step.png").is_file()
 
