@@ -88,6 +88,7 @@ def verl_bucketed(
 ) -> None:
     """verl: full tensor per parameter, packed into a ``bucket_bytes`` buffer, loaded bucket by bucket."""
     loader = RolloutLoader(rollout, rank, out)
+    world = _world(group)
     buffer = torch.empty(bucket_bytes, dtype=torch.uint8)  # allocated once and reused, as verl does
     pending: list[tuple[str, tuple[int, ...], int]] = []
     offset, itemsize = 0, torch.empty((), dtype=dtype).element_size()
@@ -103,7 +104,7 @@ def verl_bucketed(
 
     for name, shape in params.items():
         shard = local_tensor(shards[name]) if name in shards else None
-        full = gather_one(shard, shape, train_world, _world(group), dtype, group)
+        full = gather_one(shard, shape, train_world, world, dtype, group)
         nbytes = full.numel() * full.element_size()
         if nbytes > bucket_bytes:  # verl sends a weight larger than the bucket on its own
             flush()
@@ -134,10 +135,11 @@ def openrlhf_broadcast(
     import torch.distributed as dist
 
     loader = RolloutLoader(rollout, rank, out)
+    world = _world(group)
     root = 0 if group is None else dist.get_global_rank(group, 0)
     for name, shape in params.items():
         shard = local_tensor(shards[name]) if name in shards else None
-        full = gather_one(shard, shape, train_world, _world(group), dtype, group)
+        full = gather_one(shard, shape, train_world, world, dtype, group)
         if not dist.is_initialized():
             loader.load(name, full)
         elif rank == 0:

@@ -119,7 +119,7 @@ class OffPolicyTrainer(Trainer):
                 first=first,
                 last=self.total_steps,
                 version=first,
-                weights=self.ctx.policy.full_weights()[0],
+                weights=self._weights(),
                 max_staleness=self.max_staleness(),
                 exact=self.exact,
             ).start()
@@ -134,9 +134,7 @@ class OffPolicyTrainer(Trainer):
     def train_step(self, step: int) -> dict[str, float]:
         metrics = super().train_step(step)
         start = time.perf_counter()
-        # a stand-in resolved by the rollout workers themselves: rank 0's host copy of the weights
-        # moves worker to worker (Ray's object store), and the trainer does not wait for it
-        self.pipeline.publish(step + 1, self.ctx.policy.full_weights(blocking=False).lazy(("item", 0)))
+        self.pipeline.publish(step + 1, self._weights())
         publish_s = time.perf_counter() - start
         self.train_time_s += publish_s
         step_s = metrics["time/step"] + publish_s
@@ -147,6 +145,11 @@ class OffPolicyTrainer(Trainer):
         if metrics["async/staleness_max"] > bound:  # the pipeline's gate makes this impossible
             raise RunError(f"sample staleness {metrics['async/staleness_max']:g} above the bound {bound}")
         return metrics
+
+    def _weights(self) -> LazyInput:
+        """The policy's current weights as a stand-in the rollout workers resolve themselves: rank
+        0's host copy moves worker to worker (Ray's object store); the trainer does not wait."""
+        return self.ctx.policy.full_weights(blocking=False).lazy(("item", 0))
 
     def sync_rollout(self, step: int) -> dict[str, float]:
         """The colocated rollout engine serves validation only: synced (and checked) before one."""
@@ -195,7 +198,7 @@ class OffPolicyTrainer(Trainer):
             raise RunError(f"batch {index} has samples of version {int(versions.min())}, older than allowed")
         return Produced(index, batch, version, counts, dict(timer.seconds), self.prompts.position())
 
-    def _push(self, version: int, weights: dict[str, torch.Tensor] | LazyInput) -> None:
+    def _push(self, version: int, weights: LazyInput) -> None:
         self.rollout_group.update_weights(weights, version)
 
     def _check_rollout_log_probs(self) -> None:
