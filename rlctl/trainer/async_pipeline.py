@@ -56,7 +56,9 @@ class RolloutPipeline:
         weights: Any,
         max_staleness: int,
         exact: bool,
+        ready: list[Produced] | tuple[Produced, ...] = (),
     ) -> None:
+        """``ready``: batches produced before a resume (``first`` is the one after them)."""
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         self.produce, self.push = produce, push
@@ -66,6 +68,9 @@ class RolloutPipeline:
         self.loaded: int | None = None  # the version the rollout workers hold
         self._next_required = version  # exact mode keeps every version from this one on
         self.out: queue.Queue[Produced | BaseException] = queue.Queue()
+        for item in ready:
+            self.out.put(item)
+        self.held: Produced | BaseException | None = None  # taken from ``out`` by ``peek``
         self.cond = threading.Condition()
         self.stopped = False
         self.thread = threading.Thread(target=self._run, name="rlctl-rollout", daemon=True)
@@ -85,13 +90,19 @@ class RolloutPipeline:
     def next(self, step: int) -> tuple[Produced, float]:
         """Batch ``step`` and the seconds the trainer waited for it; a rollout failure re-raises here."""
         start = time.perf_counter()
-        item = self.out.get()
-        waited = time.perf_counter() - start
-        if isinstance(item, BaseException):
-            raise item
-        if item.index != step:
-            raise RunError(f"rollout pipeline out of order: expected batch {step}, got {item.index}")
-        return item, waited
+        item = self.peek(step)
+        self.held = None
+        return item, time.perf_counter() - start
+
+    def peek(self, step: int) -> Produced:
+        """Batch ``step`` (waited for) without taking it: ``next(step)`` still returns it."""
+        if self.held is None:
+            self.held = self.out.get()
+        if isinstance(self.held, BaseException):
+            raise self.held
+        if self.held.index != step:
+            raise RunError(f"rollout pipeline out of order: expected batch {step}, got {self.held.index}")
+        return self.held
 
     def close(self) -> None:
         """Stop after the generation in flight (if any); the thread is joined."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -41,6 +42,7 @@ from rlctl.trainer.async_pipeline import Produced, RolloutPipeline
 from rlctl.trainer.async_workers import spawn_rollout_group
 from rlctl.trainer.context import RunContext
 from rlctl.trainer.loop import Trainer
+from rlctl.trainer.pending import load_pending, save_pending
 from rlctl.trainer.specs import effective_rollout_correction
 from rlctl.trainer.stages import StageTimer
 
@@ -103,6 +105,7 @@ class OffPolicyTrainer(Trainer):
         self.rollout_group = None
         self.pipeline: RolloutPipeline | None = None
         self._batch_versions: torch.Tensor | None = None
+        self._ready: list[Produced] = []  # batches a resumed checkpoint brought (one_step_off)
 
     def max_staleness(self) -> int:
         raise NotImplementedError
@@ -112,16 +115,18 @@ class OffPolicyTrainer(Trainer):
         self.rollout_group, pool = spawn_rollout_group(self.ctx)
         try:
             self._check_rollout_log_probs()
-            first = self.step + 1
+            ready, self._ready = self._ready, []
+            version = self.step + 1  # the policy's weights now: version s + 1 after step s
             self.pipeline = RolloutPipeline(
                 self._produce,
                 self._push,
-                first=first,
+                first=version + len(ready),
                 last=self.total_steps,
-                version=first,
+                version=version,
                 weights=self._weights(),
                 max_staleness=self.max_staleness(),
                 exact=self.exact,
+                ready=ready,
             ).start()
             try:
                 return super()._fit()
@@ -145,6 +150,29 @@ class OffPolicyTrainer(Trainer):
         if metrics["async/staleness_max"] > bound:  # the pipeline's gate makes this impossible
             raise RunError(f"sample staleness {metrics['async/staleness_max']:g} above the bound {bound}")
         return metrics
+
+    # -- checkpoints: the batch generated with weights the checkpoint does not hold -------------------
+    def _write_parts(self, path: Path) -> None:
+        super()._write_parts(path)
+        save_pending(path, self._unreproducible())
+
+    def _unreproducible(self) -> list[Produced]:
+        """one_step_off's next batch, generated with the weights before this step's update (the
+        latest mode's batches depend on thread timing anyway: they are generated again)."""
+        if not self.exact or self.pipeline is None or self.step >= self.total_steps:
+            return []
+        item = self.pipeline.peek(self.step + 1)
+        return [item] if item.version <= self.step else []
+
+    def _restore(self) -> Path | None:
+        path = super()._restore()
+        if path is not None:
+            self._ready = load_pending(path)
+        if self._ready:  # the rollout thread goes on after the restored batches' prompts
+            consumed = self.prompts.state_dict()
+            self.prompts.load_state_dict(self._ready[-1].data_state)
+            self.prompts.consumed = consumed
+        return path
 
     def _weights(self) -> LazyInput:
         """The policy's current weights as a stand-in the rollout workers resolve themselves: rank

@@ -326,15 +326,21 @@ class Trainer:
             "roles": self._checkpointed_roles(),
         }
 
-        def write_roles(path) -> None:
-            self.ctx.policy.save_checkpoint(str(path))
-            if self.ctx.critic is not None:
-                self.ctx.critic.save_checkpoint(str(path))
-
         where = checkpoint.save_checkpoint(
-            self.ctx.run_dir, self.step, state, write_roles, self.p.trainer.keep_checkpoints, self.lineage
+            self.ctx.run_dir,
+            self.step,
+            state,
+            self._write_parts,
+            self.p.trainer.keep_checkpoints,
+            self.lineage,
         )
         log.info("checkpoint saved", step=self.step, path=str(where))
+
+    def _write_parts(self, path: Path) -> None:
+        """What the checkpoint holds beside the driver state: each role's shards."""
+        self.ctx.policy.save_checkpoint(str(path))
+        if self.ctx.critic is not None:
+            self.ctx.critic.save_checkpoint(str(path))
 
     def _checkpointed_roles(self) -> list[str]:
         return ["policy"] + (["critic"] if self.ctx.critic is not None else [])

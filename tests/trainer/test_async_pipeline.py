@@ -87,3 +87,35 @@ def test_a_rollout_failure_reaches_the_trainer():
     with pytest.raises(RuntimeError, match="generation broke"):
         pipe.next(1)
     pipe.close()
+
+
+def test_ready_batches_come_first_and_peek_does_not_consume():
+    """A resumed one_step_off run: batch 4 came from the checkpoint (version 3); 5 on uses 4 on."""
+    made: list[tuple[int, int]] = []
+
+    def produce(index: int, version: int) -> Produced:
+        made.append((index, version))
+        return Produced(index, batch=None, version=version)
+
+    restored = Produced(4, batch=None, version=3)
+    pipe = RolloutPipeline(
+        produce,
+        lambda v, w: None,
+        first=5,
+        last=6,
+        version=4,
+        weights="w4",
+        max_staleness=1,
+        exact=True,
+        ready=[restored],
+    ).start()
+    try:
+        assert pipe.peek(4) is restored and pipe.peek(4) is restored
+        assert pipe.next(4)[0] is restored
+        pipe.publish(5, "w5")
+        assert pipe.next(5)[0].version == 4
+        with pytest.raises(Exception, match="expected batch 7, got 6"):
+            pipe.peek(7)
+    finally:
+        pipe.close()
+    assert made == [(5, 4), (6, 5)]

@@ -1,0 +1,89 @@
+"""Batches generated but not yet trained, kept in a checkpoint so a resumed run trains the same ones.
+
+one_step_off generates batch ``s + 1`` with the weights *before* step ``s``'s update; a checkpoint
+after step ``s`` holds only the weights after it, so that batch cannot be generated again on
+resume. It is written beside the roles' shards instead: tensors as safetensors (no pickle), the
+non-tensor columns, meta and the rollout stage's figures as JSON, one pair of files per batch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.torch import load_file, save_file
+
+from rlctl.dispatch import DataProto
+from rlctl.errors import UserError
+from rlctl.trainer.async_pipeline import Produced
+
+PENDING_DIR = "pending"
+
+
+def save_pending(path: Path, items: list[Produced]) -> None:
+    """Write ``items`` under ``path/pending/`` (nothing when there are none)."""
+    if not items:
+        return
+    root = path / PENDING_DIR
+    root.mkdir()
+    for item in items:
+        stem = root / f"batch_{item.index:06d}"
+        tensors = {k: v.detach().cpu().clone() for k, v in item.batch.batch.items()}  # no shared storage
+        save_file(tensors, f"{stem}.safetensors")
+        record = {
+            "index": item.index,
+            "version": item.version,
+            "counts": item.counts,
+            "seconds": item.seconds,
+            "data_state": item.data_state,
+            "meta": item.batch.meta,
+            "non_tensor": {k: _column_to_json(k, v) for k, v in item.batch.non_tensor.items()},
+        }
+        Path(f"{stem}.json").write_text(json.dumps(record))
+
+
+def load_pending(path: Path) -> list[Produced]:
+    """The batches ``save_pending`` wrote at ``path`` (oldest first; empty when there are none)."""
+    root = path / PENDING_DIR
+    if not root.is_dir():
+        return []
+    items = []
+    for meta_file in sorted(root.glob("batch_*.json")):
+        try:
+            record = json.loads(meta_file.read_text())
+            tensors = load_file(str(meta_file.with_suffix(".safetensors")))
+        except (OSError, ValueError) as exc:
+            raise UserError(f"--resume {path}: {meta_file.name} cannot be read ({exc})") from exc
+        non_tensor = {k: _column_from_json(v) for k, v in record["non_tensor"].items()}
+        batch = DataProto(tensors, non_tensor, record["meta"])
+        items.append(
+            Produced(
+                record["index"],
+                batch,
+                record["version"],
+                record["counts"],
+                record["seconds"],
+                record["data_state"],
+            )
+        )
+    return items
+
+
+def _column_to_json(name: str, column: np.ndarray) -> dict[str, Any]:
+    values = column.tolist()
+    try:
+        json.dumps(values)
+    except TypeError as exc:
+        raise TypeError(f"non-tensor column {name!r} cannot be saved in a checkpoint: {exc}") from exc
+    return {"dtype": column.dtype.str if column.dtype != object else "object", "values": values}
+
+
+def _column_from_json(saved: dict[str, Any]) -> np.ndarray:
+    if saved["dtype"] == "object":
+        column = np.empty(len(saved["values"]), dtype=object)
+        for i, value in enumerate(saved["values"]):  # element-wise: a list entry stays one entry
+            column[i] = value
+        return column
+    return np.asarray(saved["values"], dtype=np.dtype(saved["dtype"]))
