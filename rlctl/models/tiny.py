@@ -3,14 +3,19 @@
 ``build_tiny_model`` writes an ordinary HF model directory (config.json, model.safetensors,
 generation_config.json, tokenizer files), so everything downstream loads it with
 ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``, exactly as it would
-load a real checkpoint. Weights are random and depend only on the seed.
+load a real checkpoint. Weights are random and depend only on the seed and the parameter names:
+:func:`seeded_init` draws them with numpy's PCG64 streams, not with the library's initialiser,
+whose draws follow the installed transformers/torch (a new release would silently give a new
+model, and a recipe that starts from it a different result).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from zlib import crc32
 
+import numpy as np
 import torch
 from transformers import (
     AutoModelForCausalLM,
@@ -35,6 +40,8 @@ class TinySpec:
     max_position_embeddings: int
     description: str
 
+
+TINY_INIT = "pcg64"  # names the initialiser in cached builds; change it when seeded_init changes
 
 TINY_MODELS: dict[str, TinySpec] = {
     "tiny-1m": TinySpec(128, 4, 4, 2, 512, 512, "~1.0M params; fast on 2 CPU cores (default task)"),
@@ -83,9 +90,8 @@ def build_tiny_model(name: str, out_dir: str | Path, seed: int = 0) -> Path:
     config = tiny_config(
         name, len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
     )
-    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG untouched
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.random.fork_rng(devices=[]):  # from_config's own init draws from the global RNG
+        model = seeded_init(AutoModelForCausalLM.from_config(config, dtype=torch.float32), seed)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -112,12 +118,32 @@ def build_tiny_reward_model(name: str, out_dir: str | Path, seed: int = 0) -> Pa
     config.num_labels = 1
     config.architectures = ["Qwen2ForSequenceClassification"]
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+        model = seeded_init(AutoModelForSequenceClassification.from_config(config, dtype=torch.float32), seed)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
+
+
+def seeded_init(model: torch.nn.Module, seed: int, std: float = 0.02) -> torch.nn.Module:
+    """Overwrite every parameter from ``seed`` alone: norm weights 1, biases 0, every other tensor
+    N(0, ``std``) (the Qwen2 initializer_range) from its own PCG64 stream keyed by (seed, name).
+
+    Keyed by name, a tensor's values do not depend on the order or number of the others; numpy's
+    ``Generator.standard_normal`` stream is stable across numpy releases (NEP 19), and torch only
+    stores the float32 values, so the same seed gives the same bytes on any installed stack.
+    """
+    with torch.no_grad():  # (the library's own init ran in from_config: its draws are all replaced)
+        for name, param in model.named_parameters():  # tied weights appear once
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                rng = np.random.default_rng([seed, crc32(name.encode())])
+                values = rng.standard_normal(tuple(param.shape), dtype=np.float64) * std
+                param.copy_(torch.from_numpy(values.astype(np.float32)))
+    return model
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -29,13 +29,14 @@ def materialize_model(path: str, cache_dir: Path, seed: int = 0) -> str:
             )
         return path
     from rlctl.models import TINY_MODELS, build_tiny_model
+    from rlctl.models.tiny import TINY_INIT
 
     name = path[len(BUILTIN) :]
     if name not in TINY_MODELS:
         raise UserError(
             f"model.path: unknown built-in model {name!r}; expected one of {', '.join(TINY_MODELS)}"
         )
-    out = cache_dir / f"{name}-seed{seed}"
+    out = cache_dir / f"{name}-{TINY_INIT}-seed{seed}"  # a build by an older initialiser is not reused
     if not (out / "config.json").is_file():
         build_tiny_model(name, out, seed=seed)
     return str(out)

@@ -7,6 +7,7 @@ import hashlib
 import pytest
 import torch
 from click.testing import CliRunner
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from rlctl.cli.model_cmd import model as model_cli
@@ -48,6 +49,44 @@ def test_weights_are_deterministic_for_a_seed(tmp_path):
     c = build_tiny_model("tiny-1m", tmp_path / "c", seed=4)
     assert _digest(a) == _digest(b)
     assert _digest(a) != _digest(c)
+
+
+def _values_digest(path) -> str:
+    """sha256 over (name, float32 bytes) in name order: the weights, not the file's framing."""
+    tensors = load_file(str(path / "model.safetensors"))
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode())
+        h.update(tensors[name].contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+# The initial weights of seed 0, pinned: rlctl draws them itself (numpy PCG64 streams keyed by
+# seed and parameter name), so a new transformers or torch release must not change them.
+TINY_1M_SEED0 = "35c6e755b48b32e87568d7185f23202ba496963d857f2bc2fab6f6e2a5ae523d"
+TINY_1M_REWARD_SEED0 = "b98d009f62089aebdaa196727c00969a0c2c6f10b3ffe492bdaf696529e6b1fc"
+
+
+def test_initial_weights_match_their_pinned_fingerprint(tmp_path):
+    torch.manual_seed(999)  # the library's RNG plays no part
+    assert _values_digest(build_tiny_model("tiny-1m", tmp_path / "lm", seed=0)) == TINY_1M_SEED0
+    assert _values_digest(build_tiny_reward_model("tiny-1m", tmp_path / "rm", seed=0)) == TINY_1M_REWARD_SEED0
+    tensors = load_file(str(tmp_path / "lm" / "model.safetensors"))
+    assert tensors["model.embed_tokens.weight"][1, :3].tolist() == pytest.approx(
+        [-0.021326785907149315, 0.004496417939662933, 0.02634347230195999], abs=0
+    )
+    assert torch.equal(tensors["model.norm.weight"], torch.ones(128))
+    assert torch.equal(tensors["model.layers.0.self_attn.q_proj.bias"], torch.zeros(128))
+    assert tensors["model.layers.0.mlp.up_proj.weight"].std().item() == pytest.approx(0.02, rel=0.02)
+
+
+def test_a_tensor_does_not_depend_on_the_others(tmp_path):
+    """Streams are keyed by (seed, name): the embedding of the 1M and the 10M model starts with
+    the same draws, whatever else either model holds."""
+    small = load_file(str(build_tiny_model("tiny-1m", tmp_path / "s", seed=5) / "model.safetensors"))
+    big = load_file(str(build_tiny_model("tiny-10m", tmp_path / "b", seed=5) / "model.safetensors"))
+    a, b = small["model.embed_tokens.weight"].flatten(), big["model.embed_tokens.weight"].flatten()
+    assert torch.equal(a[:1000], b[:1000])  # one stream, drawn further for the larger tensor
 
 
 def test_build_leaves_the_global_rng_alone(tmp_path):
