@@ -159,4 +159,7 @@ def test_one_step_off_on_ray_matches_in_process(profile_for, ray_session):
     local = train(profile_for("local", "one_step_off", steps=2))
     on_ray = train(profile_for("ray", "one_step_off", steps=2, backend="ray"))
     assert on_ray[2]["async/staleness_max"] == 1.0
-    same(local, on_ray, [0, 1, 2])
+    same(local, on_ray, [0, 1])
+    # the two backends round differently from step 1 on (1e-7: other thread layouts); step 2's
+    # importance weights exp(old - rollout) amplify that (3.4e-5 in actor/grad_norm, measured)
+    same(local, on_ray, [2], rel=1e-4)
