@@ -2,6 +2,7 @@
 
 UserError: bad input (profile, flag, file). The CLI prints its one-line message and exits 2.
 RunError: a runtime failure (a worker died, a step failed). The CLI prints it and exits 1.
+Stopped: a run stopped by a signal (after saving where it could); exits 128 + the signal.
 NotBuiltError: a command that exists in the CLI but is not implemented; exits 1, says so.
 """
 
@@ -30,3 +31,11 @@ class NotBuiltError(RlctlError):
     """A command or feature that is not implemented yet; it must not pretend."""
 
     exit_code = 1
+
+
+class Stopped(RlctlError):
+    """A run stopped on request (SIGINT/SIGTERM/SIGUSR1); ``exit_code`` is 128 + the signal."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -14,7 +14,7 @@ import traceback
 import click
 
 from rlctl import __version__
-from rlctl.errors import RlctlError
+from rlctl.errors import RlctlError, Stopped
 from rlctl.log import configure
 
 # name -> (module, attribute, one-line help)
@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             traceback.print_exc()
         click.echo(f"rlctl: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except Stopped as exc:
+        click.echo(f"rlctl: {exc}", err=True)
         sys.exit(exc.exit_code)
     except RlctlError as exc:
         if debug:

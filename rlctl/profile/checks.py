@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 from rlctl.errors import UserError
 from rlctl.profile.schema import Profile
+
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def check_profile(profile: Profile, origins: dict[str, Path]) -> None:
@@ -18,6 +21,12 @@ def check_profile(profile: Profile, origins: dict[str, Path]) -> None:
 
     if not profile.model.path:
         fail("model.path", "required: a local HF model directory")
+    if not RUN_NAME.fullmatch(profile.run.name) or profile.run.name in (".", ".."):
+        fail(
+            "run.name",
+            f"expected a plain name (letters, digits, '.', '_', '-'; no '/' or '..'), got {profile.run.name!r}: "
+            "the run directory is run.output_dir/run.name and nothing is written outside it",
+        )
     mini = profile.actor.mini_batch_prompts
     if mini and profile.trainer.prompts_per_step % mini:
         fail(

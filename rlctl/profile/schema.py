@@ -229,6 +229,12 @@ class TrainerSection:
     val_at_start: bool = field(True, "Validate before the first step.")
     save_every: int = field(50, "Checkpoint every N steps (0 = only at the end).", ge=0)
     keep_checkpoints: int = field(2, "Checkpoints kept (older ones are deleted).", ge=1)
+    stop_grace_s: float = field(
+        600.0,
+        "After SIGINT/SIGTERM/SIGUSR1: seconds the current step may take to finish and be saved "
+        "before the run stops without it (0 = no bound).",
+        ge=0,
+    )
     export_hf: bool = field(True, "Export the final policy in HF format.")
     loggers: list[str] = field(["console", "jsonl"], "Metric sinks: console, jsonl, tensorboard, wandb.")
     max_log_prob_gap: float = field(

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rlctl.errors import RunError, UserError
 from rlctl.log import get_logger
 from rlctl.rewards.code import code_score
@@ -224,15 +226,36 @@ class RewardManager:
                 raise ValueError(f"reward dict has no 'score' key (keys: {sorted(value)})")
             info = {k: v for k, v in value.items() if k != "score"}
             value = value["score"]
-        score = float(value)
-        if not math.isfinite(score):
-            raise ValueError(f"reward is not finite: {score}")
+        score = reward_number("score", value)
         acc = info.pop("acc", None)
         if acc is not None:
-            acc = float(acc)
-        elif self.kind in VERIFIER_KINDS:
+            acc = reward_number("acc", acc)
+        for key, extra in info.items():  # logged per sample: the same bound where numeric
+            if isinstance(extra, (int, float, np.integer, np.floating)) and not isinstance(
+                extra, (bool, np.bool_)
+            ):
+                reward_number(key, extra)
+        if self.kind in VERIFIER_KINDS and acc is None:
             acc = score
         return score, acc, info
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def reward_number(key: str, value: Any) -> float:
+    """``value`` as a reward: a real number (not a bool or a string) finite in float32, where the
+    advantages are computed (a finite 1e39 becomes inf there and every advantage of its group NaN)."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a 0-d tensor or array
+        value = value.item()
+    if isinstance(value, (bool, np.bool_, str, bytes)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise TypeError(f"reward {key!r} must be a number, got {type(value).__name__} {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or abs(number) > FLOAT32_MAX:
+        raise ValueError(f"reward {key!r} is {number!r}: not finite in float32 (|x| <= {FLOAT32_MAX:.4g})")
+    return number
 
 
 def default_workers() -> int:

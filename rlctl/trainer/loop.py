@@ -9,11 +9,7 @@ validation, checkpoint. Everything heavy runs inside the worker groups; only the
 from __future__ import annotations
 
 import random
-import signal
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +36,7 @@ from rlctl.trainer.stages import (
     mean_metrics,
     trim_response_padding,
 )
+from rlctl.trainer.stop import StopSignals
 
 log = get_logger("rlctl.trainer")
 
@@ -54,7 +51,6 @@ class Trainer:
         self.resume = resume
         self.lineage = checkpoint.new_lineage()  # replaced by _restore's plan
         self.step = 0  # the last completed step
-        self.stop_requested = False
         self.train_time_s = 0.0
         self.samples = SampleLog.off()  # fit() opens the run's samples.jsonl
         self.kl_ctrl = make_kl_controller(
@@ -101,7 +97,7 @@ class Trainer:
             last = self.validate()
             if last:
                 self.tracker.log(last, step=0)
-        with self._stop_on_ctrl_c():
+        with StopSignals(self.p.trainer.stop_grace_s) as stop:
             while self.step < self.total_steps:
                 try:
                     metrics = self.train_step(self.step + 1)
@@ -114,11 +110,10 @@ class Trainer:
                     metrics.update(self.validate())
                 self.tracker.log(metrics, step=self.step)
                 last = metrics
-                if self._due(self.p.trainer.save_every) or self.stop_requested:
+                if self._due(self.p.trainer.save_every) or stop.requested:
                     self.save()
-                if self.stop_requested:
-                    log.warning("stopped by Ctrl-C after saving", step=self.step)
-                    raise KeyboardInterrupt
+                if stop.requested:
+                    raise stop.stopped(self.step)
         if self.p.trainer.export_hf:
             self.ctx.policy.export_hf(str(self.ctx.run_dir / "hf"))
             self.ctx.tokenizer.save_pretrained(str(self.ctx.run_dir / "hf"))
@@ -395,23 +390,3 @@ class Trainer:
 
     def _seed(self, step: int, round_: int) -> int:
         return (self.p.run.seed * 1_000_003 + step * 101 + round_) % (2**31)
-
-    @contextmanager
-    def _stop_on_ctrl_c(self) -> Iterator[None]:
-        """First Ctrl-C: finish the current step, save, stop. A second one aborts at once."""
-        self.stop_requested = False
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def handler(signum: int, frame: object) -> None:
-            if self.stop_requested:
-                raise KeyboardInterrupt
-            self.stop_requested = True
-            log.warning("Ctrl-C: finishing this step, saving a checkpoint, then stopping (again to abort)")
-
-        previous = signal.signal(signal.SIGINT, handler)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)

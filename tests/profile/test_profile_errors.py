@@ -172,3 +172,18 @@ def test_random_set_overrides_never_traceback(tmp_path_factory, key, value):
     code, out, err = run_cli("profile", "check", str(path), "--set", f"{key}={value}")
     assert "Traceback" not in err
     assert code in (0, 2), err
+
+
+@pytest.mark.parametrize("name", ["../other", "/tmp/elsewhere", "a/b", "..", ".hidden", "", "x" * 200])
+def test_run_name_that_leaves_the_output_dir_is_refused(tmp_path, name):
+    """run.name is a directory name under run.output_dir, never a path."""
+    p = write(tmp_path, f'[run]\nname = "{name}"\n' + GOOD)
+    assert_user_error(["profile", "check", p], p, "run.name", "plain name")
+    assert_user_error(["train", p], "run.name")  # refused before anything is written
+    assert not (tmp_path / "runs").exists() and not (tmp_path.parent / "other").exists()
+
+
+@pytest.mark.parametrize("name", ["tiny-cpu", "qwen2.5_7b-grpo", "Run1"])
+def test_plain_run_names_are_accepted(tmp_path, name):
+    code, out, err = run_cli("profile", "check", write(tmp_path, f'[run]\nname = "{name}"\n' + GOOD))
+    assert code == 0, err

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 import time
 
 import pytest
 
-from rlctl.errors import UserError
+from rlctl.errors import RunError, UserError
 from rlctl.rewards import RewardManager, build_reward_manager, load_custom_reward
 from rlctl.rewards.custom import parse_function_spec
 
@@ -100,3 +101,42 @@ def test_config_errors():
         build_reward_manager("reward_model")
     with pytest.raises(UserError, match="unknown"):
         RewardManager(None, "telepathy")
+
+
+BAD_VALUES_FN = textwrap.dedent(
+    """
+    import numpy as np
+
+    VALUES = {
+        "huge": 1e39, "string": "1", "bool": True, "nan_acc": {"score": 0.5, "acc": float("nan")},
+        "huge_extra": {"score": 1.0, "margin": -1e39},
+        "np32": np.float32(0.25), "int": 1, "ok_dict": {"score": 0.5, "timed_out": False, "pred": "7"},
+    }
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        return VALUES[solution_str]
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_reward_values_must_be_numbers_finite_in_float32(tmp_path):
+    path = tmp_path / "bad_values.py"
+    path.write_text(BAD_VALUES_FN)
+    mgr = build_reward_manager("custom", function=f"{path}:compute_score", num_workers=1, max_error_rate=1.0)
+    sols = ["huge", "string", "bool", "nan_acc", "huge_extra", "np32", "int", "ok_dict"]
+    out = mgr.score(["s"] * len(sols), sols, ["x"] * len(sols))
+    assert out.scores == [0.0, 0.0, 0.0, 0.0, 0.0, 0.25, 1.0, 0.5]
+    assert out.metrics["reward/errors"] == 5.0
+    strict = build_reward_manager(
+        "custom", function=f"{path}:compute_score", num_workers=1, max_error_rate=0.0
+    )
+    for sol, needle in [
+        ("huge", "'score' is 1e+39: not finite in float32"),
+        ("string", "'score' must be a number, got str '1'"),
+        ("bool", "'score' must be a number, got bool True"),
+        ("nan_acc", "'acc' is nan"),
+        ("huge_extra", "'margin' is -1e+39"),
+    ]:
+        with pytest.raises(RunError, match=re.escape(needle)):
+            strict.score(["s"], [sol], ["x"])

@@ -94,12 +94,18 @@ def test_failing_rank_names_role_rank_step_and_keeps_checkpoint(write_profile, t
     assert max(steps) == 1
 
 
-@pytest.mark.timeout(300)
-def test_ctrl_c_finishes_the_step_saves_and_resumes(write_profile, tmp_path):
-    profile = write_profile("ctrl-c", steps=40)
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(
+    ("signum", "code"),
+    [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGUSR1, 138)],
+    ids=["int", "term", "usr1"],
+)
+def test_a_stop_signal_finishes_the_step_saves_and_resumes_exactly(write_profile, tmp_path, signum, code):
+    """Ctrl-C, a scheduler's SIGTERM and SLURM's SIGUSR1 before preemption all lose nothing."""
+    profile = write_profile("stopped", steps=40)
     profile.write_text(profile.read_text().replace("save_every = 2", "save_every = 0"))
     proc = rlctl("train", str(profile))
-    log = tmp_path / "runs/ctrl-c/metrics.jsonl"
+    log = tmp_path / "runs/stopped/metrics.jsonl"
     deadline = time.monotonic() + 200
     while time.monotonic() < deadline and proc.poll() is None:
         if log.exists() and any(
@@ -107,17 +113,32 @@ def test_ctrl_c_finishes_the_step_saves_and_resumes(write_profile, tmp_path):
         ):
             break
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert "Traceback" not in err
-    saved = sorted((tmp_path / "runs/ctrl-c/checkpoints").glob("step_*"))
-    assert len(saved) == 1, "save_every = 0: only the Ctrl-C save exists"
+    saved = sorted((tmp_path / "runs/stopped/checkpoints").glob("step_*"))
+    assert len(saved) == 1, "save_every = 0: only the stop's save exists"
     stopped_at = int(saved[0].name.split("_")[1])
     assert 2 <= stopped_at < 40
-    assert max(r["step"] for r in metrics(tmp_path / "runs/ctrl-c")) == stopped_at
+    assert max(r["step"] for r in metrics(tmp_path / "runs/stopped")) == stopped_at
+    name = signal.Signals(signum).name
+    assert (
+        err.strip().splitlines()[-1]
+        == f"rlctl: stopped by {name} after saving the checkpoint of step {stopped_at}"
+    )
 
     proc = rlctl("train", str(profile), "--max-steps", str(stopped_at + 2))
     _, err = proc.communicate(timeout=200)
     assert proc.returncode == 0, err
-    assert sorted(by_step(metrics(tmp_path / "runs/ctrl-c"))) == list(range(stopped_at + 3))
+    resumed = by_step(metrics(tmp_path / "runs/stopped"))
+    assert sorted(resumed) == list(range(stopped_at + 3))
+    if signum == signal.SIGTERM:  # continued exactly: the same values as a run never stopped
+        full = write_profile("never-stopped", steps=40)
+        full.write_text(full.read_text().replace("save_every = 2", "save_every = 0"))
+        proc = rlctl("train", str(full), "--max-steps", str(stopped_at + 2))
+        _, err = proc.communicate(timeout=200)
+        assert proc.returncode == 0, err
+        assert_same_logged_values(
+            resumed, by_step(metrics(tmp_path / "runs/never-stopped")), range(stopped_at + 3)
+        )
