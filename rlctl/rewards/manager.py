@@ -231,9 +231,7 @@ class RewardManager:
         if acc is not None:
             acc = reward_number("acc", acc)
         for key, extra in info.items():  # logged per sample: the same bound where numeric
-            if isinstance(extra, (int, float, np.integer, np.floating)) and not isinstance(
-                extra, (bool, np.bool_)
-            ):
+            if _is_number(extra):
                 reward_number(key, extra)
         if self.kind in VERIFIER_KINDS and acc is None:
             acc = score
@@ -248,14 +246,19 @@ def reward_number(key: str, value: Any) -> float:
     advantages are computed (a finite 1e39 becomes inf there and every advantage of its group NaN)."""
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a 0-d tensor or array
         value = value.item()
-    if isinstance(value, (bool, np.bool_, str, bytes)) or not isinstance(
-        value, (int, float, np.integer, np.floating)
-    ):
+    if not _is_number(value):
         raise TypeError(f"reward {key!r} must be a number, got {type(value).__name__} {value!r}")
     number = float(value)
     if not math.isfinite(number) or abs(number) > FLOAT32_MAX:
         raise ValueError(f"reward {key!r} is {number!r}: not finite in float32 (|x| <= {FLOAT32_MAX:.4g})")
     return number
+
+
+def _is_number(value: Any) -> bool:
+    """A real number: Python or numpy ints and floats, bools excluded."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    )
 
 
 def default_workers() -> int:
