@@ -21,6 +21,11 @@ class UserError(RlctlError):
     exit_code = 2
 
 
+class CheckpointRefused(UserError):
+    """A checkpoint that must not be loaded: it holds more than data, or its files differ from
+    what its save recorded. Never skipped in favour of an older one: the user decides."""
+
+
 class RunError(RlctlError):
     """A failure at run time: says which role, rank and step failed when known."""
 

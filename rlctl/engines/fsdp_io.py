@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rlctl.engines.safe_checkpoint import SafeLoadPlanner, check_dcp_metadata, safe_torch_load
 from rlctl.errors import RunError, UserError
 
 if TYPE_CHECKING:
@@ -93,17 +94,20 @@ def load_checkpoint(engine: FSDPTrainEngine, path: Path) -> None:
         raise UserError(
             f"checkpoint {str(path)!r} has no {EXTRA_STATE}; expected a directory from save_checkpoint"
         )
+    check_dcp_metadata(path)  # before DCP unpickles it
     state = checkpoint_state(engine.model, engine.optimizer)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-            dcp.load(state, checkpoint_id=str(path))
+            dcp.load(state, checkpoint_id=str(path), planner=SafeLoadPlanner())
+    except UserError:
+        raise
     except Exception as exc:
         raise RunError(f"loading checkpoint {str(path)!r} on rank {_rank()} failed: {exc}") from exc
     set_state_dict(
         engine.model, engine.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
-    extra = torch.load(path / EXTRA_STATE, map_location="cpu", weights_only=False)
+    extra = safe_torch_load(path / EXTRA_STATE)
     engine.scheduler.load_state_dict(extra["scheduler"])
     engine.global_step = int(extra["global_step"])
     if engine.loss_scaler is not None and "loss_scaler" in extra:

@@ -2,7 +2,9 @@
 
 Layout: ``RUN_DIR/checkpoints/step_000100/`` holds ``driver.pt`` (step, data position, driver RNG,
 KL controller, training clock, lineage id, world size, roles) plus one sub-directory per role
-written by the workers (DCP shards, which any world size can load: DCP reshards on load).
+written by the workers (DCP shards, which any world size can load: DCP reshards on load), and
+``manifest.json``: size and SHA-256 of every file, checked before anything is loaded.
+Nothing is unpickled beyond data (``engines/safe_checkpoint.py``).
 
 Safety rules:
 
@@ -23,6 +25,7 @@ Safety rules:
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import signal
@@ -34,16 +37,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from rlctl.errors import RunError, UserError
+from rlctl.engines.safe_checkpoint import safe_torch_load
+from rlctl.errors import CheckpointRefused, RunError, UserError
 from rlctl.log import get_logger
+from rlctl.trainer import manifest
 
 log = get_logger("rlctl.checkpoint")
 
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 DRIVER_FILE = "driver.pt"
-FORMAT = 2  # driver-state format; 1 (no "format" key) had no lineage, world size or roles
+# driver-state format; 3: data only (no pickled objects) and a manifest.json; 2 held numpy's RNG
+# state as an array; 1 had no lineage, world size or roles
+FORMAT = 3
 METRICS_FILE = "metrics.jsonl"
 ROLE_DIRS = {"policy": "actor", "critic": "critic"}  # the sub-directory each role writes
 # Test hook: SIGKILL this process at the named point inside save_checkpoint (see tests/trainer/
@@ -77,7 +85,35 @@ def new_lineage() -> str:
 
 
 def load_driver_state(path: Path) -> dict[str, Any]:
-    return torch.load(path / DRIVER_FILE, weights_only=False)
+    """The driver state, read as data only (a crafted file is refused, never run)."""
+    return safe_torch_load(path / DRIVER_FILE)
+
+
+def rng_state() -> dict[str, Any]:
+    """The driver's torch, numpy and Python RNG states as tensors, numbers and lists only."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "keys": keys.tolist(), "pos": pos, "has_gauss": has_gauss, "cached": cached},
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore :func:`rng_state` (or a format-2 checkpoint's numpy tuple)."""
+    torch.set_rng_state(state["torch"])
+    saved = state["numpy"]
+    if isinstance(saved, dict):
+        saved = (
+            saved["kind"],
+            np.asarray(saved["keys"], dtype=np.uint32),
+            saved["pos"],
+            saved["has_gauss"],
+            saved["cached"],
+        )
+    np.random.set_state(saved)
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
 
 
 def read_checkpoint(path: Path) -> Checkpoint:
@@ -87,21 +123,43 @@ def read_checkpoint(path: Path) -> Checkpoint:
             f"--resume {path}: not a checkpoint directory (no {DRIVER_FILE} inside); expected auto, never "
             "or a RUN_DIR/checkpoints/step_* directory"
         )
+    if manifest.has_manifest(path):
+        manifest.verify(path, only=[DRIVER_FILE])
     try:
         state = load_driver_state(path)
         step = int(state["step"])
+    except UserError:
+        raise
     except Exception as exc:  # a corrupt or foreign file: name it, no traceback
         raise UserError(
             f"--resume {path}: {DRIVER_FILE} cannot be read ({type(exc).__name__}: {exc})"
         ) from exc
+    if not manifest.has_manifest(path) and state.get("format", 1) >= 3:
+        raise CheckpointRefused(
+            f"checkpoint {path}: no {manifest.MANIFEST_FILE}, which every save of format "
+            f"{state['format']} writes (removed or not a complete checkpoint); not loaded"
+        )
     return Checkpoint(step, path, state.get("lineage"))
+
+
+def verify_files(path: Path) -> None:
+    """Every file of checkpoint ``path`` as its save wrote it (older checkpoints: a warning)."""
+    if manifest.has_manifest(path):
+        manifest.verify(path)
+    else:
+        log.warning(
+            f"checkpoint has no {manifest.MANIFEST_FILE} (saved by an older rlctl): its files are not verified",
+            path=str(path),
+        )
 
 
 def list_checkpoints(run_dir: Path) -> list[Checkpoint]:
     """Complete checkpoints of ``run_dir`` by step (ties: by name), whatever their lineage.
 
     A ``step_*`` directory whose driver state does not load is skipped with a warning (only a
-    foreign or damaged file can do that: a save never shows a partial directory under that name).
+    foreign or damaged file can do that: a save never shows a partial directory under that name);
+    one that is refused (more than data inside, or files that differ from its manifest) stops the
+    listing, since skipping it would silently resume from an older step.
     """
     root = checkpoint_root(run_dir)
     if not root.is_dir():
@@ -113,6 +171,8 @@ def list_checkpoints(run_dir: Path) -> list[Checkpoint]:
             continue
         try:
             found.append(read_checkpoint(child))
+        except CheckpointRefused:
+            raise
         except UserError as exc:
             log.warning("skipping unreadable checkpoint", path=str(child), error=str(exc))
     return sorted(found, key=lambda c: (c.step, c.path.name))
@@ -157,6 +217,7 @@ def prepare_resume(
     point = find_resume_point(run_dir, resume)
     lineage = new_lineage()
     if point is not None:
+        verify_files(point)
         state = load_driver_state(point)
         if check is not None:
             check(point, state)
@@ -215,6 +276,7 @@ def save_checkpoint(
     write_roles(tmp)
     _kill_point("roles_written")
     torch.save({**driver_state, "lineage": lineage, "format": FORMAT}, tmp / DRIVER_FILE)
+    manifest.write_manifest(tmp)
     _fsync_tree(tmp)
     _kill_point("driver_written")
     if final.exists():  # the same step saved again (a resume from an earlier step): old copy out first

@@ -8,12 +8,10 @@ validation, checkpoint. Everything heavy runs inside the worker groups; only the
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from rlctl.agents.driver import EpisodeRollout, agent_metrics
 from rlctl.algorithms.kl import make_kl_controller
@@ -312,11 +310,7 @@ class Trainer:
             "train_time_s": self.train_time_s,
             "data": self.ctx.train_data.state_dict(),
             "kl_ctrl": self.kl_ctrl.state_dict(),
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "numpy": np.random.get_state(),
-                "python": random.getstate(),
-            },
+            "rng": checkpoint.rng_state(),
             "world_size": self.ctx.policy.world_size,
             "roles": self._checkpointed_roles(),
         }
@@ -355,9 +349,7 @@ class Trainer:
         self.train_time_s = state["train_time_s"]
         self.ctx.train_data.load_state_dict(state["data"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        torch.set_rng_state(state["rng"]["torch"])
-        np.random.set_state(state["rng"]["numpy"])
-        random.setstate(state["rng"]["python"])
+        checkpoint.set_rng_state(state["rng"])
         saved_world = state.get("world_size")
         if saved_world is not None and saved_world != self.ctx.policy.world_size:
             log.info("resharding the checkpoint", saved_ranks=saved_world, ranks=self.ctx.policy.world_size)
