@@ -6,7 +6,12 @@ has none. Ground truth is one of:
 - ``{"tests": str}``: the same;
 - ``{"inputs": [str, ...], "outputs": [str, ...]}``: stdin/stdout cases, compared line by line
   with trailing whitespace ignored.
-Score 1.0 iff every case passes within the sandbox limits; timeouts are reported. A sandbox that
+Score 1.0 iff every case passes within the sandbox limits; timeouts are reported. Test code
+passes only when the sandbox *witnessed* it run to its last statement (``SandboxResult.witnessed``):
+a program that exits 0 early (``os._exit(0)``, ``SystemExit``, ``atexit``, a forked child, a
+closed stdout) or prints a fake success line scores 0. What the witness cannot see is a program
+that changes what the tests compare (an object equal to everything, rebound builtins); the tests
+must guard against those themselves, as in any harness that runs them in-process. A sandbox that
 refuses to run (a required layer missing) or fails to start raises ``RunError``: that is the
 host's fault, not the response's, and must not be trained on as a zero.
 """
@@ -53,8 +58,8 @@ def code_score(
     if isinstance(ground_truth, dict) and "tests" in ground_truth:
         ground_truth = ground_truth["tests"]
     if isinstance(ground_truth, str):
-        res = _checked(run_python(f"{code}\n\n{ground_truth}\n", limits=limits))
-        passed = int(res.ok)
+        res = _checked(run_python(code, tests=ground_truth, limits=limits))
+        passed = int(res.ok and res.witnessed)
         return {
             "score": float(passed),
             "acc": float(passed),

@@ -10,8 +10,14 @@ stdlib only, single-threaded, so forking and unsharing here is safe (rlctl itsel
    read-only binds of the system directories and the interpreter's prefix (no home, no run
    directory, no /tmp of the host), a fresh /proc, a minimal /dev and a private tmpfs /tmp that is
    the snippet's scratch; moves it onto / and chroots into it.
-3. Sets the rlimits, drops to the run's unprivileged uid, sets no_new_privs and a parent-death
-   signal, and execs the interpreter on the audit guard and the snippet.
+   ``/etc`` is a minimal one written here (no credentials, no host configuration).
+3. Sets the rlimits, drops to the run's unprivileged uid, joins a fresh session keyring, sets
+   no_new_privs and a parent-death signal, installs the seccomp filter (built by
+   ``sandbox_seccomp.py``) and execs the interpreter on the audit guard and the snippet.
+
+With ``witness``, the run's nonce is handed to the guard on fd ``WITNESS_FDS[0]`` (its file is
+unlinked first) and the guard writes it back on ``WITNESS_FDS[1]`` only when the tests ran to
+their end (see ``sandbox_guard.py``).
 
 The launcher waits for the child and writes ``status.json`` (wait status, or the setup error) to
 the io directory, which the snippet never sees. ``init_pid`` there lets rlctl kill the namespace.
@@ -35,7 +41,10 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
+KEYCTL_JOIN_SESSION_KEYRING = 1
+WITNESS_FDS = (100, 101)
+ETC_COPIED = ("ld.so.cache", "ld.so.conf", "localtime")  # loader and clock files; no credentials
 DEVICES = ("null", "zero", "full", "random", "urandom")
 SANDBOX_UID = 1000  # the snippet's uid inside a user namespace (non-root rlctl)
 
@@ -56,6 +65,50 @@ def _mount(src, target, fstype, flags, data=None):
 
 def _prctl(option, arg):
     _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl({option})")
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _install_seccomp(program):
+    """Load the classic-BPF filter (packed ``struct sock_filter`` records, 8 bytes each)."""
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "seccomp")
+
+
+def _fresh_session_keyring(keyctl_nr):
+    """A new, empty session keyring: no key of rlctl's (or of an earlier run) is reachable."""
+    if _libc.syscall(keyctl_nr, KEYCTL_JOIN_SESSION_KEYRING, None) < 0 and ctypes.get_errno() != 38:
+        raise OSError(ctypes.get_errno(), f"keyctl(JOIN_SESSION_KEYRING): {os.strerror(ctypes.get_errno())}")
+
+
+def _minimal_etc(etc, uid, gid):
+    """An /etc of a few plain files: users root/nobody/sandbox, localhost, the loader's cache."""
+    os.makedirs(etc)
+    files = {
+        "passwd": f"root:x:0:0::/:/sbin/nologin\nsandbox:x:{uid}:{gid}::/tmp:/sbin/nologin\n"
+        "nobody:x:65534:65534::/nonexistent:/sbin/nologin\n",
+        "group": f"root:x:0:\nsandbox:x:{gid}:\nnogroup:x:65534:\n",
+        "hosts": "127.0.0.1 localhost\n::1 localhost\n",
+        "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
+    }
+    for name, text in files.items():
+        with open(os.path.join(etc, name), "w") as f:
+            f.write(text)
+    for name in ETC_COPIED:
+        src = "/etc/" + name
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), os.path.join(etc, name))
+        elif os.path.isfile(src):
+            with open(src, "rb") as fin, open(os.path.join(etc, name), "wb") as fout:
+                fout.write(fin.read())
+    if os.path.isdir("/etc/alternatives"):  # symlinks some system binaries resolve through
+        os.makedirs(etc + "/alternatives")
+        for entry in os.scandir("/etc/alternatives"):
+            if entry.is_symlink():
+                os.symlink(os.readlink(entry.path), os.path.join(etc, "alternatives", entry.name))
 
 
 def _kept_flags(path):
@@ -91,7 +144,8 @@ def _build_root(cfg, uid, gid):
     root = cfg["root"]
     os.makedirs(root, exist_ok=True)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the host
-    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4m")
+    _minimal_etc(root + "/etc", uid, gid)
     for path in cfg["ro_paths"]:
         if not os.path.lexists(path):
             continue
@@ -114,7 +168,7 @@ def _build_root(cfg, uid, gid):
     os.makedirs(root + "/tmp")
     opts = f"mode=0700,uid={uid},gid={gid},size={cfg['scratch_mb']}m,nr_inodes=4096"
     _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts)
-    for name in ("snippet.py", "sandbox_guard.py"):
+    for name in cfg["files"]:
         with open(os.path.join(cfg["io_dir"], name), "rb") as src, open(f"{root}/tmp/{name}", "wb") as dst:
             dst.write(src.read())
         os.chown(f"{root}/tmp/{name}", uid, gid)
@@ -146,9 +200,13 @@ def _child(cfg, alive_r, err_w):
             os.setgroups([])
             os.setgid(gid)
             os.setuid(uid)
+        if cfg["keyctl_nr"] is not None:
+            _fresh_session_keyring(cfg["keyctl_nr"])
         os.umask(0o077)
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if cfg["seccomp"]:
+            _install_seccomp(bytes.fromhex(cfg["seccomp"]))
         if select.select([alive_r], [], [], 0)[0]:  # EOF: the launcher is already gone
             os._exit(111)
         os.execve(cfg["argv"][0], cfg["argv"], cfg["env"])
@@ -167,6 +225,16 @@ def _map_user(uid, gid):
         f.write(f"{SANDBOX_UID} {gid} 1")
 
 
+def _open_witness_fds(io_dir):
+    """The nonce (its file unlinked once open) and the witness file, on the fixed WITNESS_FDS."""
+    nonce = os.open(os.path.join(io_dir, "nonce"), os.O_RDONLY)
+    os.unlink(os.path.join(io_dir, "nonce"))
+    out = os.open(os.path.join(io_dir, "witness"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    for fd, fixed in zip((nonce, out), WITNESS_FDS, strict=True):
+        os.dup2(fd, fixed)  # inheritable: the exec'd guard gets them
+        os.close(fd)
+
+
 def main():
     with open(sys.argv[1]) as f:
         cfg = json.load(f)
@@ -181,9 +249,11 @@ def main():
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != cfg["parent_pid"]:
             os._exit(111)
-        if cfg["cgroup"]:
-            with open(os.path.join(cfg["cgroup"], "cgroup.procs"), "w") as f:
+        for cgroup in cfg["cgroups"]:
+            with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
+        if cfg["witness"]:
+            _open_witness_fds(cfg["io_dir"])
         flags = (CLONE_NEWPID if cfg["pidns"] else 0) | (CLONE_NEWNS if cfg["mountns"] else 0)
         flags |= (CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) if cfg["netns"] else 0
         if cfg["userns"]:
@@ -204,6 +274,9 @@ def main():
         _child(cfg, alive_r, err_w)
     os.close(alive_r)
     os.close(err_w)
+    if cfg["witness"]:
+        for fd in WITNESS_FDS:
+            os.close(fd)
     with open(os.path.join(cfg["io_dir"], "init_pid"), "w") as f:
         f.write(str(pid))
     err = b""

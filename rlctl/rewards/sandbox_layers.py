@@ -4,7 +4,9 @@ Levels (``reward.sandbox``):
 - ``strict`` (default): code rewards run only with every required OS layer: a pid namespace
   (everything the snippet starts dies with it), a mount namespace (read-only host view, private
   tmpfs scratch, no home or run directory), a network namespace (no network at all) and an
-  unprivileged uid; otherwise ``reward.kind = "code"`` fails at start naming the missing layer.
+  unprivileged uid, a seccomp filter (no new namespaces, keyrings, ptrace, raw sockets...) and a
+  memory cgroup (``memory_mb`` bounds all of a run's processes together); otherwise
+  ``reward.kind = "code"`` fails at start naming the missing layer.
 - ``best-effort``: runs with whatever layers the host has; where no pid namespace is possible the
   snippet runs as a uid of its own and every process of that uid is killed afterwards. The
   in-process audit guard and the rlimits apply at every level.
@@ -20,13 +22,18 @@ PID = "pid namespace"
 MOUNT = "mount namespace"
 NET = "network namespace"
 UID = "unprivileged uid"
+SECCOMP = "seccomp filter"
+MEMORY = "memory cgroup"
 NPROC = "process limit"
-REQUIRED = (PID, MOUNT, NET, UID)  # what ``strict`` needs
+REQUIRED = (PID, MOUNT, NET, UID, SECCOMP, MEMORY)  # what ``strict`` needs
 HOW_TO_GET = {
     PID: "run as root, or where unprivileged user namespaces are allowed (sysctl kernel.unprivileged_userns_clone=1)",
     MOUNT: "run as root, or where unprivileged user namespaces are allowed",
     NET: "run as root, or where unprivileged user namespaces are allowed",
     UID: "run as root with CAP_SETUID (or as a normal user with user namespaces)",
+    SECCOMP: "run on Linux x86_64 or aarch64 with seccomp enabled in the kernel (CONFIG_SECCOMP_FILTER)",
+    MEMORY: "run as root where the memory cgroup is writable (cgroup v1 /sys/fs/cgroup/memory or a v2 "
+    "subtree with the memory controller enabled)",
     NPROC: "make a pids cgroup writable (cgroup v1 /sys/fs/cgroup/pids or a delegated v2 subtree)",
 }
 
@@ -53,11 +60,13 @@ class SandboxPlan:
     uid: int | None  # uid to drop to as root (None: no drop, i.e. not root or not possible)
     gid: int | None
     netns: bool
-    cgroup_base: str | None  # directory under which per-run pids cgroups are made
+    pids_cgroup: tuple[str, str] | None  # (base directory, limit file) for per-run pids cgroups
     uid_pool: bool = True  # per-run uids from UID_POOL; False: always ``uid`` (containers with few uids)
     pidns: bool = False
     mountns: bool = False
     userns: bool = False
+    memory_cgroup: tuple[str, str] | None = None  # (base directory, limit file) for per-run memory cgroups
+    seccomp: bool = False
     missing_why: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -68,7 +77,7 @@ class SandboxPlan:
     @property
     def process_limit(self) -> bool:
         """Whether a fork bomb meets a limit: a pids cgroup, or RLIMIT_NPROC on an unprivileged uid."""
-        return self.cgroup_base is not None or self.unprivileged
+        return self.pids_cgroup is not None or self.unprivileged
 
     def layers(self) -> list[Layer]:
         """Every layer in report order (the audit guard and rlimits always apply)."""
@@ -88,8 +97,8 @@ class SandboxPlan:
             if self.uid is not None
             else "rlctl is not root: snippets run as this user"
         )
-        if self.cgroup_base is not None:
-            nproc_what = f"a pids cgroup per run under {self.cgroup_base}"
+        if self.pids_cgroup is not None:
+            nproc_what = f"a pids cgroup per run under {self.pids_cgroup[0]}"
         else:
             nproc_what = "RLIMIT_NPROC on the snippet's unprivileged uid"
         return [
@@ -101,10 +110,21 @@ class SandboxPlan:
             layer(
                 MOUNT,
                 self.mountns,
-                "read-only view of system dirs, private tmpfs scratch, no home or run dir",
+                "read-only view of system dirs, a minimal /etc, private tmpfs scratch, no home or run dir",
             ),
             layer(NET, self.netns, "a fresh network namespace: no interface but a down loopback"),
             layer(UID, self.unprivileged and (self.uid is not None or self.userns), uid_what),
+            layer(
+                SECCOMP,
+                self.seccomp,
+                "a fresh session keyring; no new namespaces, keys, ptrace, process_vm, bpf, perf, mounts, io_uring, raw sockets",
+            ),
+            layer(
+                MEMORY,
+                self.memory_cgroup is not None,
+                f"memory_mb bounds all of a run's processes, shared memory included "
+                f"(under {self.memory_cgroup[0] if self.memory_cgroup else ''})",
+            ),
             layer(NPROC, self.process_limit, nproc_what),
             Layer("audit guard", True, "in-process audit hook (second layer): writes, sockets, exec, ctypes"),
             Layer("rlimits", True, "CPU time, address space, file size, processes, open files"),

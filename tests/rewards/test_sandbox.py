@@ -20,14 +20,14 @@ from rlctl.errors import RunError, UserError
 from rlctl.rewards import sandbox as sandbox_mod
 from rlctl.rewards.code import code_score, extract_code
 from rlctl.rewards.manager import build_reward_manager
-from rlctl.rewards.sandbox import SandboxLimits, live_pids_of_uid, require_sandbox, run_python, sandbox_plan
-from rlctl.rewards.sandbox_layers import MOUNT, NET, PID, refusal
+from rlctl.rewards.sandbox import SandboxLimits, live_pids_of_uid, require_sandbox, run_python
+from rlctl.rewards.sandbox_layers import MEMORY, MOUNT, NET, PID, SECCOMP, refusal
+from tests.rewards.sandbox_host import PLAN, REFUSED, REQUIRED
 
 pytestmark = pytest.mark.timeout(90)
 PRINTS_OK = {"inputs": [""], "outputs": ["ok"]}
-PLAN = sandbox_plan()
 needs_python = pytest.mark.skipif(
-    refusal(PLAN, "strict") is not None, reason=f"strict refuses here: {refusal(PLAN, 'strict')}"
+    REFUSED is not None and not REQUIRED, reason=f"strict refuses here: {REFUSED}"
 )
 _live_processes_of = live_pids_of_uid
 
@@ -247,16 +247,19 @@ SETSID_GRANDCHILD = (
 
 
 def _without(plan, *layers):
-    keys = {PID: "pidns", MOUNT: "mountns", NET: "netns"}
+    keys = {PID: "pidns", MOUNT: "mountns", NET: "netns", SECCOMP: "seccomp", MEMORY: "memory_cgroup"}
     why = {name: "unshare: Operation not permitted" for name in layers}
-    return replace(plan, missing_why=why, **{keys[name]: False for name in layers})
+    return replace(
+        plan, missing_why=why, **{keys[name]: None if name == MEMORY else False for name in layers}
+    )
 
 
-@pytest.mark.parametrize("layer", [PID, MOUNT, NET])
+@pytest.mark.parametrize("layer", [PID, MOUNT, NET, SECCOMP, MEMORY])
 def test_strict_refuses_when_a_layer_is_missing(monkeypatch, layer):
-    """A host without a namespace: nothing runs; start and run time say which layer, in one line."""
+    """A host without a layer: nothing runs; start and run time say which layer, in one line."""
     plan = _without(replace(PLAN, python=PLAN.python or "/usr/bin/python3", pidns=True, mountns=True, netns=True,
-                            uid=PLAN.uid if os.geteuid() else 65534, userns=os.geteuid() != 0), layer)  # fmt: skip
+                            uid=PLAN.uid if os.geteuid() else 65534, userns=os.geteuid() != 0, seccomp=True,
+                            memory_cgroup=("/sys/fs/cgroup/memory", "memory.limit_in_bytes")), layer)  # fmt: skip
     monkeypatch.setattr(sandbox_mod, "sandbox_plan", lambda user="nobody": plan)
     monkeypatch.setattr(sandbox_mod, "_run", lambda *a: pytest.fail("a snippet ran without a required layer"))
     with pytest.raises(UserError) as exc:
@@ -283,7 +286,7 @@ def test_no_interpreter_is_refused_at_every_level(monkeypatch):
 def _uid_python(plan):
     """An interpreter the pool uid can run without the mount namespace's view, or None."""
     for exe in ("/usr/bin/python3", "/usr/local/bin/python3"):
-        p = replace(plan, python=exe, pidns=False, mountns=False, cgroup_base=None)
+        p = replace(plan, python=exe, pidns=False, mountns=False, pids_cgroup=None)
         if os.path.exists(exe) and sandbox_mod._try(p) is None:
             return p
     return None
@@ -327,11 +330,11 @@ def test_snippet_is_init_of_its_own_namespaces():
 
 def test_process_limit_reports_only_limits_that_bind():
     """Root without a dropped uid and without a pids cgroup: no process limit, and doctor says so."""
-    root_plan = replace(PLAN, uid=None, userns=False, cgroup_base=None)
+    root_plan = replace(PLAN, uid=None, userns=False, pids_cgroup=None)
     if os.geteuid() == 0:
         assert not root_plan.process_limit
         assert not next(lay for lay in root_plan.layers() if lay.name == "process limit").active
-    assert replace(PLAN, cgroup_base="/sys/fs/cgroup/pids").process_limit
+    assert replace(PLAN, pids_cgroup=("/sys/fs/cgroup/pids", "pids.max")).process_limit
 
 
 def test_doctor_reports_each_layer(monkeypatch):
@@ -339,8 +342,9 @@ def test_doctor_reports_each_layer(monkeypatch):
     from rlctl.doctor.checks_sandbox import check_sandbox
 
     rows = {r.name: r for r in check_sandbox()}
-    names = ["pid namespace", "mount namespace", "network namespace", "unprivileged uid", "process limit"]
-    assert [f"sandbox:{n}" for n in names] == list(rows)[:5]
+    names = ["pid namespace", "mount namespace", "network namespace", "unprivileged uid", "seccomp filter",
+             "memory cgroup", "process limit"]  # fmt: skip
+    assert [f"sandbox:{n}" for n in names] == list(rows)[:7]
     for lay in PLAN.layers():
         assert rows[f"sandbox:{lay.name}"].verdict is (Verdict.PASS if lay.active else Verdict.WARN)
     plan = _without(PLAN, NET)

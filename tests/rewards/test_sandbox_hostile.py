@@ -4,7 +4,8 @@ Every snippet prints ``ok`` only if its attack seemed to work, and is scored aga
 test asserts the score, the reason the run gives (``SandboxResult.reason``) and, on the host, that
 nothing changed and no process of the run survives. Targets on the host are tmp paths only.
 Cases marked ``os_only`` also run with the audit guard off, to show the OS layers hold alone.
-Where this host lacks a layer ``strict`` needs, each case asserts the refusal instead.
+Where this host lacks a layer ``strict`` needs, each case asserts the refusal instead (and fails
+under ``RLCTL_TEST_REQUIRE_SANDBOX=1``, as in CI).
 """
 
 from __future__ import annotations
@@ -19,13 +20,11 @@ from pathlib import Path
 import pytest
 
 from rlctl.rewards.code import code_score
-from rlctl.rewards.sandbox import SandboxLimits, live_pids_of_uid, run_python, sandbox_plan
-from rlctl.rewards.sandbox_layers import refusal
+from rlctl.rewards.sandbox import SandboxLimits, live_pids_of_uid, run_python
+from tests.rewards.sandbox_host import refused_here, require_strict
 
 pytestmark = pytest.mark.timeout(60)
 PRINTS_OK = {"inputs": [""], "outputs": ["ok"]}
-PLAN = sandbox_plan()
-REFUSED = refusal(PLAN, "strict")
 
 
 @pytest.fixture
@@ -166,8 +165,8 @@ CASES = [
      "FileNotFoundError", "FileNotFoundError", {}),
     ("write to a system dir", "open('/etc/rlctl-pwned', 'w').write('x')\nprint('ok')",
      "sandbox: writing outside", "Read-only file system", {}),
-    ("read /etc/shadow", "print(len(open('/etc/shadow').read()) * 0 or 'ok')", "PermissionError",
-     "PermissionError", {}),
+    ("read /etc/shadow", "print(len(open('/etc/shadow').read()) * 0 or 'ok')", "FileNotFoundError",
+     "FileNotFoundError", {}),  # the snippet's /etc is a minimal one: no credentials files at all
     ("read the run directory", "print(open({RUN!r} + '/secret.txt').read() and 'ok')", "FileNotFoundError",
      "FileNotFoundError", {}),
     ("tcp connect to host loopback",
@@ -203,7 +202,7 @@ def test_hostile_snippet_is_contained(host, case, guard):
     name, snippet, guard_reason, os_reason, extra = case
     code = _fill(snippet, host)
     limits = SandboxLimits(guard=guard, **extra)
-    if REFUSED is not None:  # this host lacks a layer: nothing runs, and the reason says which
+    if refused_here():  # this host lacks a layer: nothing runs, and the reason says which
         res = run_python(code, limits=limits)
         assert res.error is not None and res.error.startswith("sandbox refused: reward.sandbox = 'strict'")
         return
@@ -217,8 +216,7 @@ def test_hostile_snippet_is_contained(host, case, guard):
 
 def test_hostile_snippets_score_zero(host):
     """The same attacks through code_score: every one scores 0 (no refusal raises)."""
-    if REFUSED is not None:
-        pytest.skip(f"this host refuses strict code rewards: {REFUSED}")
+    require_strict()
     for name, snippet, *_, extra in CASES[:3]:
         out = code_score("code", _fill(snippet, host), PRINTS_OK, limits=SandboxLimits(**extra))
         assert out["score"] == 0.0, name
@@ -226,8 +224,7 @@ def test_hostile_snippets_score_zero(host):
 
 def test_new_file_in_tmp_stays_in_the_private_scratch(host):
     """Writing /tmp/NEW is allowed (it is the scratch), and nothing appears in the host's /tmp."""
-    if REFUSED is not None:
-        pytest.skip(f"this host refuses strict code rewards: {REFUSED}")
+    require_strict()
     res = run_python(_fill("open({TMPNEW!r}, 'w').write('x')\nimport os\nprint(os.listdir('/tmp'))", host))
     assert res.ok and Path(host["TMPNEW"]).name in res.stdout
     assert not Path(host["TMPNEW"]).exists()
@@ -235,8 +232,7 @@ def test_new_file_in_tmp_stays_in_the_private_scratch(host):
 
 def test_concurrent_hostile_runs_do_not_leak(host):
     """Four setsid-grandchild runs at once (as the reward manager does): none leaves a process."""
-    if REFUSED is not None:
-        pytest.skip(f"this host refuses strict code rewards: {REFUSED}")
+    require_strict()
     results = []
     threads = [
         threading.Thread(target=lambda: results.append(run_python(SETSID_GRANDCHILD))) for _ in range(4)
