@@ -33,6 +33,9 @@ def ray_session():
     """One local Ray cluster for the whole test process (small object store, no dashboard)."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
+        from rlctl.dispatch.ray_network import bind_loopback
+
+        bind_loopback()  # as rlctl's own local clusters: loopback only
         ray.init(
             num_cpus=8,
             object_store_memory=300 * 1024 * 1024,

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from rlctl.dispatch import DataProto, Dispatch, ResourcePool, Worker, WorkerGroup, register
+from rlctl.dispatch.ray_network import bind_loopback
 
 ROWS = 1024
 
@@ -80,6 +81,7 @@ def _ensure_ray(cfg: DispatchBenchConfig, max_workers: int) -> bool:
     if ray.is_initialized():
         return False
     if cfg.address in (None, "", "local"):
+        bind_loopback()
         ray.init(
             num_cpus=max(2, max_workers * 2),
             object_store_memory=cfg.object_store_mb * 1024 * 1024,

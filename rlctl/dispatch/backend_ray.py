@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rlctl.dispatch import ray_network
 from rlctl.dispatch.errors import CallTimeoutError, WorkerDiedError, WorkerError
 from rlctl.dispatch.futures import CallInfo, LazyInput, Shard
 from rlctl.dispatch.pool import ResourcePool
@@ -23,16 +24,27 @@ log = get_logger("rlctl.dispatch")
 
 
 def connect(address: str | None = None, **init_kwargs: Any) -> None:
-    """Make sure this process talks to Ray: ``local``/None starts one, ``auto``/``ray://..`` joins."""
+    """Make sure this process talks to Ray: ``local``/None starts one, ``auto``/``ray://..`` joins.
+
+    A cluster started here listens on loopback only, behind Ray's token auth (``ray_network``);
+    the addresses it listens on are logged, and any off loopback is a warning.
+    """
     import ray
 
     if ray.is_initialized():
         return
     if address in (None, "", "local"):
+        ray_network.bind_loopback()
         ray.init(include_dashboard=False, **init_kwargs)
+        listening = ray_network.listening_addresses()
+        auth_on, auth = ray_network.token_auth()
+        log.info("ray started", listening=", ".join(listening), auth=auth)
+        exposed = ray_network.off_loopback(listening)
+        if exposed or not auth_on:
+            log.warning("ray cluster reachable beyond this user", exposed=", ".join(exposed), auth=auth)
     else:
         ray.init(address=address, **init_kwargs)
-    log.info("ray connected", address=address or "local")
+        log.info("ray connected", address=address)
 
 
 def _convert(exc: BaseException, info: CallInfo, rank: int | None) -> WorkerError:

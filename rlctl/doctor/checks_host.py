@@ -63,6 +63,23 @@ def check_ray_devices(p: Platform) -> list[CheckResult]:
     return [skipped("ray-devices", reason, "platform")]
 
 
+def check_ray_network(p: Platform) -> list[CheckResult]:
+    """Who can reach the Ray cluster rlctl starts: loopback only, and whether a token is required."""
+    version = p.host.dists.version("ray")
+    if version is None:
+        return []
+    try:  # rlctl.dispatch imports torch: a broken torch must not crash doctor (see torch-import)
+        from rlctl.dispatch.ray_network import token_auth
+    except Exception as exc:
+        return [skipped("ray-network", f"not checked: {type(exc).__name__}: {exc}"[:300], "platform")]
+    auth_on, auth = token_auth(version, dict(p.host.env))
+    where = "local clusters rlctl starts listen on 127.0.0.1 only"
+    if auth_on:
+        return [passed("ray-network", f"{where}; {auth}", "platform")]
+    return [warned("ray-network", f"{where}, but {auth}: any local user can run code in them",
+                   "pip install 'ray>=2.59' and leave RAY_AUTH_MODE unset", "platform")]  # fmt: skip
+
+
 def check_torch_import(p: Platform, timeout: float = 120.0) -> list[CheckResult]:
     """``import torch`` in a child when a ``torch.backends`` plugin (torch_npu) is installed:
     torch imports every such plugin itself, so a broken torch_npu breaks ``import torch``."""

@@ -1,7 +1,8 @@
 """``rlctl doctor --deep``: slower checks that run real code in child processes with timeouts.
 
 Imports each installed engine (an ABI mismatch shows up as ``undefined symbol``), asks torch how
-many devices it sees, and runs a small all-reduce on the platform's collective backend.
+many devices it sees, runs a small all-reduce on the platform's collective backend, and starts a
+local Ray cluster as ``rlctl train`` does to list the addresses it listens on.
 """
 
 from __future__ import annotations
@@ -152,3 +153,31 @@ def check_collective(p: Platform, timeout: float, world: int | None = None) -> C
     return passed(
         name, f"{world}-rank all_reduce on {p.dist_backend} ({p.device_type}) gave the right sum", "deep"
     )
+
+
+_RAY_LISTEN = (
+    "import json; from rlctl.dispatch.backend_ray import connect; "
+    "from rlctl.dispatch.ray_network import listening_addresses; "
+    "connect('local', num_cpus=1, log_to_driver=False); print(json.dumps(listening_addresses()))"
+)
+
+
+def check_ray_listen(timeout: float) -> CheckResult:
+    """Start a local Ray cluster in a child as ``rlctl train`` would; where its servers listen."""
+    from rlctl.dispatch.ray_network import off_loopback
+
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    try:
+        proc = subprocess.run([sys.executable, "-c", _RAY_LISTEN], capture_output=True, text=True,
+                              timeout=timeout, env=env)  # fmt: skip
+        addresses = json.loads(_last_line(proc.stdout))
+    except subprocess.TimeoutExpired:
+        return failed("ray-listen", f"a local Ray cluster did not start within {timeout:.0f}s", "ray status", "deep")
+    except ValueError:
+        why = _last_line(proc.stderr) or f"exit {proc.returncode}"
+        return failed("ray-listen", f"a local Ray cluster failed to start: {why}", "pip install 'ray>=2.59'", "deep")
+    exposed = off_loopback(addresses)
+    if exposed:
+        return failed("ray-listen", f"Ray listens beyond loopback: {', '.join(exposed)}",
+                      "report this with `ray --version`", "deep")  # fmt: skip
+    return passed("ray-listen", f"local cluster listens on {', '.join(addresses) or 'nothing'}", "deep")

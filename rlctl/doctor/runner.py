@@ -57,6 +57,7 @@ def run_doctor(platform: Platform, deep_checks: bool = False, timeout: float = D
         checks_host.check_driver(p),
         *checks_host.check_busy_devices(p),
         *checks_host.check_ray_devices(p),
+        *checks_host.check_ray_network(p),
         *checks_host.check_kernels(p),
     ]
     imports = deep.try_imports(p, timeout) if deep_checks else None
@@ -70,8 +71,9 @@ def run_doctor(platform: Platform, deep_checks: bool = False, timeout: float = D
         rows += deep.check_imports(imports)
         rows.append(deep.check_devices(p, timeout))
         rows.append(deep.check_collective(p, timeout))
+        rows.append(deep.check_ray_listen(timeout))
     else:
-        rows.append(skipped("deep", "imports, device count and collective not run (use --deep)", "deep"))
+        rows.append(skipped("deep", "imports, device count, collective and Ray's listen addresses not run (use --deep)", "deep"))
     return Report(p, rows)
 
 
