@@ -204,8 +204,11 @@ def test_a_real_full_disk_keeps_the_previous_checkpoint(engine, small_disk, tmp_
 
 
 @pytest.mark.timeout(300)
-def test_rlctl_train_on_a_full_disk_says_so_in_one_line(write_profile, small_disk):
-    profile = write_profile(steps=2)
+@pytest.mark.parametrize("backend", ["inprocess", "ray"])
+def test_rlctl_train_on_a_full_disk_says_so_in_one_line(write_profile, small_disk, backend):
+    if backend == "ray":
+        pytest.importorskip("ray")
+    profile = write_profile(steps=2, backend=backend)
     runs = Path(str(profile.read_text()).split('output_dir = "')[1].split('"')[0])
     mount = small_disk(3 << 20, runs)  # the logs fit; the 1M-parameter model's checkpoint does not
     code, _, err = run_cli("train", str(profile))
