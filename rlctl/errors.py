@@ -32,6 +32,10 @@ class RunError(RlctlError):
     exit_code = 1
 
 
+class DiskFullError(RunError):
+    """A save that found no space left on device: names the path, the space needed and free."""
+
+
 class NotBuiltError(RlctlError):
     """A command or feature that is not implemented yet; it must not pretend."""
 

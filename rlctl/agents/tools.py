@@ -127,12 +127,15 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall], list[str]]:
         except ValueError as exc:
             errors.append(f"tool call is not valid JSON ({exc.msg} at char {exc.pos}): {body.strip()[:80]}")
             continue
+        except RecursionError:  # the model's JSON, nested past the parser's depth: its error, not ours
+            errors.append(f"tool call JSON is nested too deeply to parse: {body.strip()[:80]}")
+            continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             errors.append(f"tool call needs a JSON object with a string 'name': {body.strip()[:80]}")
             continue
         args = obj.get("arguments", {})
         if isinstance(args, str):
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, RecursionError):
                 args = json.loads(args)
         if not isinstance(args, dict):
             errors.append(f"tool call {obj['name']!r}: 'arguments' must be a JSON object, got {args!r:.60}")

@@ -14,21 +14,41 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a JSON-lines file (blank lines skipped); errors name the file, row and line."""
+    """Rows of a JSON-lines file (blank lines skipped); errors name the file, row and line.
+
+    Bytes that are not UTF-8 name the line and the byte offset in the file; JSON nested too
+    deep for the parser (a RecursionError) is one line as well.
+    """
     p = Path(path)
     rows: list[dict[str, Any]] = []
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        data = p.read_bytes()
     except OSError as exc:
         raise UserError(f"{p}: cannot read data file: {exc.strerror or exc}") from None
-    for line_no, line in enumerate(lines, start=1):
+    offset = 0
+    for line_no, raw in enumerate(data.split(b"\n"), start=1):
+        start, offset = offset, offset + len(raw) + 1
+        where = f"{p}: row {len(rows) + 1} (line {line_no})"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            bad = raw[exc.start : exc.start + 1].hex()
+            raise UserError(
+                f"{where}: not UTF-8 (byte 0x{bad} at byte offset {start + exc.start} of the file, "
+                f"column {exc.start + 1} of the line); expected a UTF-8 JSON-lines file"
+            ) from None
         if not line.strip():
             continue
-        where = f"{p}: row {len(rows) + 1} (line {line_no})"
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: not valid JSON: {exc.msg} at column {exc.colno}") from None
+            raise UserError(
+                f"{p}:{line_no}: row {len(rows) + 1}: not valid JSON: {exc.msg} at column {exc.colno}"
+            ) from None
+        except RecursionError:
+            raise UserError(
+                f"{p}:{line_no}: row {len(rows) + 1}: JSON nested too deeply to parse; expected plain fields"
+            ) from None
         rows.append(validate_row(obj, where))
     return rows
 

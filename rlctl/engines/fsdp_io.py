@@ -13,8 +13,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rlctl.engines.disk_space import save_failure, state_bytes
 from rlctl.engines.safe_checkpoint import SafeLoadPlanner, check_dcp_metadata, safe_torch_load
-from rlctl.errors import RunError, UserError
+from rlctl.errors import DiskFullError, RunError, UserError
 
 if TYPE_CHECKING:
     from rlctl.engines.fsdp_train import FSDPTrainEngine
@@ -70,19 +71,47 @@ def checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict
 
 
 def save_checkpoint(engine: FSDPTrainEngine, path: Path) -> None:
-    """DCP save of model + optimizer; scheduler and step go in a small file written by rank 0."""
+    """DCP save of model + optimizer; scheduler and step go in a small file written by rank 0.
+
+    A failure is one line naming ``path`` and the rank (DCP's ``CheckpointException`` unwrapped);
+    a full disk is a DiskFullError with the bytes this state needs and the bytes free.
+    """
     import torch.distributed.checkpoint as dcp
 
     path.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():  # one process without torch.distributed is a supported case
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        dcp.save(checkpoint_state(engine.model, engine.optimizer), checkpoint_id=str(path))
+    state = checkpoint_state(engine.model, engine.optimizer)
+    try:
+        with warnings.catch_warnings():  # one process without torch.distributed is a supported case
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            dcp.save(state, checkpoint_id=str(path))
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        if not (isinstance(exc, Exception) or type(exc).__name__ == "CheckpointException"):
+            raise  # KeyboardInterrupt, SystemExit
+        raise save_failure(path, exc, state_bytes(state), _rank()) from None
+    failed = ""
     if _rank() == 0:
         extra = {"scheduler": engine.scheduler.state_dict(), "global_step": engine.global_step}
         if engine.loss_scaler is not None:
             extra["loss_scaler"] = engine.loss_scaler.state_dict()
-        torch.save(extra, path / EXTRA_STATE)
+        try:
+            with open(path / EXTRA_STATE, "wb") as f:  # a Python file: ENOSPC keeps its errno
+                torch.save(extra, f)
+        except Exception as exc:
+            error = save_failure(path, exc, state_bytes(state), 0)
+            failed = f"{type(error).__name__}: {error}"
+    failed = _from_rank0(failed)  # every rank fails together, none waits in a barrier for rank 0
+    if failed:
+        kind, _, message = failed.partition(": ")
+        raise (DiskFullError if kind == "DiskFullError" else RunError)(message)
     _barrier()
+
+
+def _from_rank0(value: str) -> str:
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def load_checkpoint(engine: FSDPTrainEngine, path: Path) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlctl.errors import UserError
+from rlctl.models.gguf_guard import check_gguf
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ def import_gguf(gguf: Path, out_dir: Path) -> Path:
         raise UserError(
             f"model import: reading GGUF needs the {e.name!r} package; install rlctl[realmodel]"
         ) from None
+    check_gguf(gguf)  # before anything is allocated: a crafted header is refused in one line
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

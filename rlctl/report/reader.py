@@ -23,6 +23,8 @@ def _check_line(path: Path, lineno: int, raw: str) -> Record:
         record = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise UserError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise UserError(f"{where}: JSON nested too deeply to parse (expected flat metric records)") from None
     if not isinstance(record, dict):
         raise UserError(f"{where}: expected a JSON object per line, got {type(record).__name__}")
     step = record.get("step")
@@ -43,8 +45,17 @@ def load_metrics(run_dir: str | Path) -> list[Record]:
     if not path.is_file():
         raise UserError(f"{path}: not found (expected a run directory written by 'rlctl train')")
     by_step: dict[int, Record] = {}
-    with path.open(encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+    offset = 0
+    with path.open("rb") as fh:
+        for lineno, data in enumerate(fh, start=1):
+            start, offset = offset, offset + len(data)
+            try:
+                raw = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise UserError(
+                    f"{path}:{lineno}: not UTF-8 (byte 0x{data[exc.start : exc.start + 1].hex()} at byte "
+                    f"offset {start + exc.start} of the file)"
+                ) from None
             if not raw.strip():
                 continue
             record = _check_line(path, lineno, raw)

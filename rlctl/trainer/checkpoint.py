@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlctl.engines import disk_space
 from rlctl.engines.safe_checkpoint import safe_torch_load
 from rlctl.errors import CheckpointRefused, RunError, UserError
 from rlctl.log import get_logger
@@ -264,6 +265,7 @@ def save_checkpoint(
     ``write_roles(tmp_dir)`` makes the workers write their parts into ``tmp_dir``; the driver
     state (with ``lineage`` and ``format`` added) goes last, every file is fsynced, then the
     directory is renamed into place. Removal failures are logged as warnings naming the path.
+    A failed write removes the partial directory (a full disk: DiskFullError, one line).
     """
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -273,17 +275,31 @@ def save_checkpoint(
         _remove(tmp)
     tmp.mkdir()
     _kill_point("tmp_created")
-    write_roles(tmp)
-    _kill_point("roles_written")
-    torch.save({**driver_state, "lineage": lineage, "format": FORMAT}, tmp / DRIVER_FILE)
-    manifest.write_manifest(tmp)
-    _fsync_tree(tmp)
+    try:
+        write_roles(tmp)
+        _kill_point("roles_written")
+        with open(tmp / DRIVER_FILE, "wb") as f:  # a Python file: a full disk keeps its errno
+            torch.save({**driver_state, "lineage": lineage, "format": FORMAT}, f)
+        manifest.write_manifest(tmp)
+        disk_space.fsync_tree(tmp)
+    except BaseException as exc:  # nothing partial stays behind, whatever stopped the save
+        written = disk_space.tree_bytes(tmp)
+        _remove(tmp)
+        if disk_space.find_disk_full(exc) is None:
+            raise
+        raise disk_space.checkpoint_disk_full(final, tmp, exc, written) from exc
     _kill_point("driver_written")
+    old = root / f".del_{final.name}_{os.getpid()}"
     if final.exists():  # the same step saved again (a resume from an earlier step): old copy out first
-        os.replace(final, root / f".del_{final.name}_{os.getpid()}")
+        os.replace(final, old)
         _kill_point("old_moved")
-    os.replace(tmp, final)
-    _fsync_dir(root)
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if old.exists() and not final.exists():
+            os.replace(old, final)  # the earlier complete copy goes back under its name
+        raise
+    disk_space.fsync_dir(root)
     _kill_point("renamed")
     rotate(run_dir, lineage, keep, protect=final)
     for stale in [*root.glob(".tmp_step_*"), *root.glob(".del_step_*")]:
@@ -382,26 +398,3 @@ def _remove(path: Path) -> None:
 def _kill_point(name: str) -> None:
     if os.environ.get(KILL_AT_ENV) == name:
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _fsync_tree(root: Path) -> None:
-    """fsync every file and directory under ``root`` (what a rename must not overtake)."""
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

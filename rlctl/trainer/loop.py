@@ -315,14 +315,19 @@ class Trainer:
             "roles": self._checkpointed_roles(),
         }
 
-        where = checkpoint.save_checkpoint(
-            self.ctx.run_dir,
-            self.step,
-            state,
-            self._write_parts,
-            self.p.trainer.keep_checkpoints,
-            self.lineage,
-        )
+        try:
+            where = checkpoint.save_checkpoint(
+                self.ctx.run_dir,
+                self.step,
+                state,
+                self._write_parts,
+                self.p.trainer.keep_checkpoints,
+                self.lineage,
+            )
+        except WorkerError as exc:
+            raise self._record(exc.with_step(self.step)) from exc
+        except RunError as exc:
+            raise self._record(exc) from exc
         log.info("checkpoint saved", step=self.step, path=str(where))
 
     def _write_parts(self, path: Path) -> None:
@@ -371,7 +376,10 @@ class Trainer:
 
     def _record(self, exc: RunError) -> RunError:
         """Keep the full failure (remote traceback included) in RUN_DIR/error.log; return it to raise."""
-        (self.ctx.run_dir / "error.log").write_text(f"{exc}\n")
+        try:
+            (self.ctx.run_dir / "error.log").write_text(f"{exc}\n")
+        except OSError as err:  # a full disk must not hide the error that says so
+            log.warning("could not write error.log", path=str(self.ctx.run_dir), error=str(err))
         return exc
 
     def _due(self, every: int, step: int | None = None) -> bool:

@@ -139,3 +139,17 @@ def test_python_tool_runs_code_in_the_sandbox():
     assert run_tool_call(ToolCall("python", {"code": "print(6 * 7)"}), tools) == ("42\n", None)
     _, error = run_tool_call(ToolCall("python", {"code": "raise SystemExit(3)"}), tools)
     assert "tool 'python' raised RuntimeError: exit 3" in error
+
+
+def test_a_tool_call_nested_too_deeply_is_an_invalid_call_not_a_crash():
+    deep = "[" * 100_000 + "]" * 100_000
+    text = f'<tool_call>{{"name": "add", "arguments": {deep}}}</tool_call>'
+    text += f'<tool_call>{{"name": "add", "arguments": "{deep}"}}</tool_call>'
+    _, calls, errors = parse_tool_calls(text)
+    assert calls == [] and len(errors) == 2
+    assert "nested too deeply" in errors[0] and "'arguments' must be a JSON object" in errors[1]
+    env = CalculatorEnv()
+    env.start({"ground_truth": "6", "tools_kwargs": {}})
+    step = env.step(parse_turn(f'<tool_call>{{"name": "mul", "arguments": {deep}}}</tool_call>', 0))
+    assert not step.done and step.tool_calls == 1 and step.tool_errors == 1  # agent/tool_errors counts it
+    assert step.messages[0]["content"].startswith("error: tool call JSON is nested too deeply")

@@ -87,7 +87,7 @@ def test_file_level_errors(tmp_path):
     with pytest.raises(UserError, match="unknown data file type"):
         read_rows(tmp_path / "d.csv")
     (tmp_path / "j.jsonl").write_text('{"prompt": \n')
-    with pytest.raises(UserError, match=r"row 1 \(line 1\): not valid JSON"):
+    with pytest.raises(UserError, match=r"j\.jsonl:1: row 1: not valid JSON"):
         read_rows(tmp_path / "j.jsonl")
     (tmp_path / "p.parquet").write_bytes(b"not parquet")
     with pytest.raises(UserError, match="cannot read Parquet"):
@@ -106,3 +106,30 @@ def test_load_dataset_specs(tmp_path):
         load_dataset("builtin:addition", "test")
     with pytest.raises(UserError, match="n must be"):
         load_dataset("builtin:addition?n=x")
+
+
+def test_non_utf8_jsonl_names_file_row_line_and_byte_offset(tmp_path):
+    p = tmp_path / "latin.jsonl"
+    good = json.dumps(_row(0)).encode() + b"\n\n"
+    p.write_bytes(good + b'{"prompt": "caf\xe9"}\n')
+    with pytest.raises(UserError) as err:
+        read_rows(p)
+    msg = str(err.value)
+    offset = len(good) + len(b'{"prompt": "caf')
+    assert msg.startswith(f"{p}: row 2 (line 3): not UTF-8 (byte 0xe9 at byte offset {offset} of the file")
+    assert "\n" not in msg
+
+
+def test_deeply_nested_json_is_one_line_not_a_recursion_error(tmp_path):
+    p = tmp_path / "deep.jsonl"
+    p.write_text(json.dumps(_row(0)) + "\n" + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(UserError, match=r"deep\.jsonl:2: row 2: JSON nested too deeply") as err:
+        read_rows(p)
+    assert "\n" not in str(err.value)
+
+
+def test_bad_json_is_file_colon_line(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(json.dumps(_row(0)) + "\n" + '{"prompt": }\n')
+    with pytest.raises(UserError, match=rf"^{p}:2: row 2: not valid JSON: Expecting value at column 12$"):
+        read_rows(p)
