@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -53,15 +54,19 @@ class LossScale:
     dp_size: int
 
 
-def lr_lambda(cfg: OptimConfig):
+def lr_lambda(cfg: OptimConfig) -> Callable[[int], float]:
     """Multiplier of the base LR at step ``s`` (0-based count of schedule steps already taken).
 
-    Warmup is ``(s + 1) / warmup_steps``, so the first step already trains.
+    verl's ``get_constant_schedule_with_warmup`` / ``get_cosine_schedule_with_warmup`` (and HF's):
+    warmup is ``s / warmup_steps``, so with warmup the first step runs at LR 0, and verl's worker
+    reads the LR, updates, then steps the schedule, as ``update_actor`` does here. The cosine
+    then goes from 1 at ``s = warmup_steps`` to ``min_lr_ratio`` at ``s = total_steps`` (held there
+    after, where verl's cosine would rise again).
     """
 
     def f(step: int) -> float:
         if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
+            return step / cfg.warmup_steps
         if cfg.schedule == "constant":
             return 1.0
         span = max(1, cfg.total_steps - cfg.warmup_steps)
