@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from rlctl.algorithms import agg_loss
+from rlctl.algorithms.metric_parts import mean_of
 from rlctl.data import SFTDataset, load_dataset
 from rlctl.data.batcher import left_pad
 from rlctl.engines.fsdp_train import FSDPTrainEngine
@@ -61,7 +62,7 @@ def nll_loss(out: dict[str, torch.Tensor], mb: dict[str, torch.Tensor], scale: L
     loss = -agg_loss(
         out["log_probs"], mask, "token-mean", global_tokens=scale.global_tokens, dp_size=scale.dp_size
     )
-    return loss, {"nll": (-(out["log_probs"].detach() * mask).sum() / mask.sum().clamp(min=1)).item()}
+    return loss, {"nll": mean_of(-out["log_probs"], mask)}  # the batch's token mean
 
 
 def run_sft(profile: Profile, run_dir: Path) -> dict[str, Any]:
