@@ -35,7 +35,7 @@ from rlctl.engines.logprob import (
 )
 from rlctl.engines.mixed_precision import DynamicLossScaler, autocast, compute_dtype
 from rlctl.engines.optim import LossScale, OptimConfig, build_optimizer
-from rlctl.engines.prefix import PrefixGroups, prompt_groups, shared_prefix_logits
+from rlctl.engines.prefix import PrefixGroups, length_dependent_rope, prompt_groups, shared_prefix_logits
 from rlctl.engines.registry import register_engine
 from rlctl.errors import RunError, UserError
 
@@ -153,6 +153,7 @@ class FSDPTrainEngine:
                 _enable_activation_checkpointing(model, value_head)
             model.to(self.device)
         self.arch_name = type(model).__name__.removeprefix("FSDP")
+        self.share_prefix = self.share_prefix and not length_dependent_rope(model.config)  # dynamic RoPE
         self.mesh = mesh
         self.model = model
         self._keep_logits = not value_head and supports_logits_to_keep(model)
