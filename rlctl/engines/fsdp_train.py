@@ -320,10 +320,10 @@ class FSDPTrainEngine:
         mini-batch loss (see :class:`LossScale`) and its metrics, as parts
         (:mod:`rlctl.algorithms.metric_parts`; reported as the mini-batch's, kept in
         ``metric_parts``) or plain floats (averaged over micro-batches); backward runs on the
-        share unscaled (times the loss scale under fp16 compute). Then gradients are clipped (``grad_norm`` is the norm before
-        clipping), AdamW steps, and the LR schedule too unless ``step_schedule=False`` (the caller
-        then calls :meth:`advance_schedule` once per RL step). A non-finite grad norm skips the
-        update and reports ``skipped=1``.
+        share unscaled (times the loss scale under fp16 compute). Then gradients are clipped
+        (``grad_norm`` is the norm before clipping), AdamW steps, and the LR schedule too unless
+        ``step_schedule=False`` (the caller then calls :meth:`advance_schedule` once per RL step).
+        A non-finite grad norm skips the update and reports ``skipped=1``.
         """
         self.model.train()
         scale = self._loss_scale(batch)
