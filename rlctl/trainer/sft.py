@@ -84,7 +84,9 @@ def run_sft(profile: Profile, run_dir: Path) -> dict[str, Any]:
         dtype="float32",  # fp32 master weights; compute in the platform's dtype
         mixed_precision=None if dtype == "float32" else dtype,
         micro_batch_size=s.batch_sequences,
-        optim=OptimConfig(lr=s.lr, warmup_steps=s.warmup_steps, weight_decay=0.0, grad_clip=1.0),
+        optim=OptimConfig(
+            lr=s.lr, warmup_steps=s.warmup_steps, weight_decay=0.0, grad_clip=1.0, warmup_from_zero=False
+        ),  # the warmup the shipped SFT checkpoints were made with
         trust_remote_code=profile.model.trust_remote_code,
     )
     rollout = HFRolloutEngine(

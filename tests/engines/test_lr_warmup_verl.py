@@ -66,3 +66,8 @@ def test_rl_steps_train_at_verls_lr_sequence(tmp_path) -> None:
     assert seen == pytest.approx(per_update, abs=1e-12)
     assert reported == pytest.approx(per_update, abs=1e-12)
     assert engine.scheduler.get_last_lr()[0] == pytest.approx(0.1 * LR)  # step 8 = total_steps: the floor
+
+
+def test_sft_keeps_the_warmup_its_shipped_checkpoints_were_made_with() -> None:
+    sft = lr_lambda(OptimConfig(warmup_steps=4, warmup_from_zero=False))
+    assert [sft(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
