@@ -12,7 +12,8 @@ sequence (product of token ratios), with verl's safety clamp of the log-ratio to
 Same weights as verl's ``compute_rollout_correction_weights`` (``rollout_is="token"|"sequence"``,
 threshold ``2.0`` or ``"lower_upper"``). Weights are detached and zero on padding. The metrics are
 a subset of verl's under the same names (without the ``rollout_corr/`` prefix); unlike verl an
-all-empty mask gives zeros instead of raising.
+all-empty mask gives zeros instead of raising, and sequence-level statistics leave rows without
+a response token (padding) out.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ import math
 
 import torch
 
-from rlctl.algorithms.masked import masked_mean, masked_sum
+from rlctl.algorithms.masked import masked_sum
+from rlctl.algorithms.metric_parts import (
+    EffectiveSampleSize,
+    MetricPart,
+    max_of,
+    mean_of,
+    min_of,
+    results,
+)
 from rlctl.errors import UserError
 
 SAFETY_BOUND = 20.0
@@ -38,6 +47,25 @@ def rollout_is_weights(
     threshold_lower: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Importance weights (batch, len) to multiply into the policy loss, and float metrics."""
+    weights, parts = rollout_is_weights_and_parts(
+        old_log_prob, rollout_log_prob, response_mask, level, mode, threshold, threshold_lower
+    )
+    return weights, results(parts)
+
+
+@torch.no_grad()
+def rollout_is_weights_and_parts(
+    old_log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    level: str = "token",
+    mode: str = "truncate",
+    threshold: float = 2.0,
+    threshold_lower: float | None = None,
+) -> tuple[torch.Tensor, dict[str, MetricPart]]:
+    """:func:`rollout_is_weights` with its metrics as parts (:mod:`.metric_parts`), which combine
+    over micro-batches and ranks into the batch's. Token metrics weigh tokens; sequence ones
+    weigh the sequences with a response token (verl also counts empty rows)."""
     if level not in ("token", "sequence"):
         raise UserError(f"rollout correction level = {level!r}: expected 'token' or 'sequence'")
     if mode not in ("truncate", "mask"):
@@ -66,29 +94,24 @@ def rollout_is_weights(
         keep = (raw >= lower) & (raw <= threshold)
         weights = torch.where(keep, raw, torch.zeros_like(raw))
 
-    has_tokens = bool(mask.sum() > 0)
-    bool_mask = mask.bool()
-    metrics = {"rollout_is_mean": masked_mean(weights, mask).item()}
+    parts: dict[str, MetricPart] = {"rollout_is_mean": mean_of(weights, mask)}
     if level == "token":
-        metrics["rollout_is_max"] = (
-            weights.masked_fill(~bool_mask, -math.inf).max().item() if has_tokens else 0.0
-        )
-        metrics["rollout_is_min"] = (
-            weights.masked_fill(~bool_mask, math.inf).min().item() if has_tokens else 0.0
-        )
-        metrics["rollout_is_ratio_fraction_high"] = masked_mean((raw > threshold).to(mask.dtype), mask).item()
-        metrics["rollout_is_ratio_fraction_low"] = masked_mean((raw < lower).to(mask.dtype), mask).item()
-    else:  # verl: sequence stats from the unclamped per-sequence log-ratio, over all rows
-        metrics["rollout_is_max"] = math.exp(min(seq.max().item(), SAFETY_BOUND))
-        metrics["rollout_is_min"] = math.exp(seq.min().item())
-        metrics["rollout_is_ratio_fraction_high"] = (seq > math.log(threshold)).float().mean().item()
-        metrics["rollout_is_ratio_fraction_low"] = (seq < math.log(lower)).float().mean().item()
-    metrics["kl"] = masked_mean(rollout_log_prob - old_log_prob, mask).item()
+        parts["rollout_is_max"] = max_of(weights, mask)
+        parts["rollout_is_min"] = min_of(weights, mask)
+        parts["rollout_is_ratio_fraction_high"] = mean_of((raw > threshold).to(mask.dtype), mask)
+        parts["rollout_is_ratio_fraction_low"] = mean_of((raw < lower).to(mask.dtype), mask)
+    else:  # verl: sequence stats from the unclamped per-sequence log-ratio
+        seq, rows = seq.squeeze(-1), (mask.sum(-1) > 0).to(mask.dtype)
+        parts["rollout_is_max"] = max_of(torch.exp(seq.clamp(max=SAFETY_BOUND)), rows)
+        parts["rollout_is_min"] = min_of(torch.exp(seq), rows)
+        parts["rollout_is_ratio_fraction_high"] = mean_of((seq > math.log(threshold)).to(mask.dtype), rows)
+        parts["rollout_is_ratio_fraction_low"] = mean_of((seq < math.log(lower)).to(mask.dtype), rows)
+    parts["kl"] = mean_of(rollout_log_prob - old_log_prob, mask)
     if mode == "mask":
         out = (raw < lower) | (raw > threshold)
-        metrics["rollout_is_oob_ratio"] = masked_mean(out.to(mask.dtype), mask).item()
-    w = weights.clamp(min=0.0, max=threshold)
-    normalized = w / (masked_mean(w, mask) + 1e-8)
-    second_moment = masked_mean(normalized.square(), mask).item()
-    metrics["rollout_is_eff_sample_size"] = 1.0 / second_moment if second_moment > 0 else 0.0
-    return weights.detach(), metrics
+        parts["rollout_is_oob_ratio"] = mean_of(out.to(mask.dtype), mask)
+    w = weights.clamp(min=0.0, max=threshold).double()
+    parts["rollout_is_eff_sample_size"] = EffectiveSampleSize(
+        float(masked_sum(w, mask)), float(masked_sum(w.square(), mask)), float(mask.sum())
+    )
+    return weights.detach(), parts

@@ -22,7 +22,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rlctl.algorithms.metric_parts import MetricPart, results
 from rlctl.engines import fsdp_io
+from rlctl.engines.batch_metrics import BatchMetrics
 from rlctl.engines.fsdp_load import load_sharded
 from rlctl.engines.hf_model import load_causal_lm, load_value_model, supports_logits_to_keep
 from rlctl.engines.logprob import (
@@ -33,12 +35,14 @@ from rlctl.engines.logprob import (
 )
 from rlctl.engines.mixed_precision import DynamicLossScaler, autocast, compute_dtype
 from rlctl.engines.optim import LossScale, OptimConfig, build_optimizer
-from rlctl.engines.prefix import PrefixGroups, prompt_groups, shared_prefix_logits
+from rlctl.engines.prefix import PrefixGroups, length_dependent_rope, prompt_groups, shared_prefix_logits
 from rlctl.engines.registry import register_engine
 from rlctl.errors import RunError, UserError
 
 Batch = dict[str, torch.Tensor]
-LossFn = Callable[[dict[str, torch.Tensor], Batch, LossScale], tuple[torch.Tensor, dict[str, float]]]
+LossFn = Callable[
+    [dict[str, torch.Tensor], Batch, LossScale], tuple[torch.Tensor, dict[str, MetricPart | float]]
+]
 
 
 def split_batch(batch: Batch, micro_batch_size: int) -> list[Batch]:
@@ -149,6 +153,7 @@ class FSDPTrainEngine:
                 _enable_activation_checkpointing(model, value_head)
             model.to(self.device)
         self.arch_name = type(model).__name__.removeprefix("FSDP")
+        self.share_prefix = self.share_prefix and not length_dependent_rope(model.config)  # dynamic RoPE
         self.mesh = mesh
         self.model = model
         self._keep_logits = not value_head and supports_logits_to_keep(model)
@@ -157,6 +162,7 @@ class FSDPTrainEngine:
             [p for p in model.parameters() if p.requires_grad], self.optim_config
         )
         self.global_step = 0
+        self.metric_parts: dict[str, MetricPart] = {}  # the last train_batch's, over all ranks
         # fp16 compute underflows small gradients without a loss scale; bf16 needs none
         self.loss_scaler = DynamicLossScaler() if self.compute_dtype == torch.float16 else None
 
@@ -299,14 +305,6 @@ class FSDPTrainEngine:
             return self.micro_batch_size
         return max(1, self.micro_batch_tokens // max(1, batch["input_ids"].shape[1]))
 
-    def _mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
-        if not self.distributed or not metrics:
-            return metrics
-        keys = sorted(metrics)
-        t = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, group=self._group())
-        return {k: float(v) / self.dp_size for k, v in zip(keys, t.tolist(), strict=True)}
-
     def train_batch(
         self,
         batch: Batch,
@@ -319,24 +317,25 @@ class FSDPTrainEngine:
         """One optimiser step over a mini-batch, accumulating gradients over micro-batches.
 
         ``loss_fn(outputs, micro_batch, scale)`` returns this micro-batch's share of the
-        mini-batch loss (see :class:`LossScale`); backward runs on it unscaled (times the loss
-        scale under fp16 compute). Then gradients are clipped (``grad_norm`` is the norm before
-        clipping), AdamW steps, and the LR schedule too unless ``step_schedule=False`` (the caller
-        then calls :meth:`advance_schedule` once per RL step). A non-finite grad norm skips the
-        update and reports ``skipped=1``.
+        mini-batch loss (see :class:`LossScale`) and its metrics, as parts
+        (:mod:`rlctl.algorithms.metric_parts`; reported as the mini-batch's, kept in
+        ``metric_parts``) or plain floats (averaged over micro-batches); backward runs on the
+        share unscaled (times the loss scale under fp16 compute). Then gradients are clipped
+        (``grad_norm`` is the norm before clipping), AdamW steps, and the LR schedule too unless
+        ``step_schedule=False`` (the caller then calls :meth:`advance_schedule` once per RL step).
+        A non-finite grad norm skips the update and reports ``skipped=1``.
         """
         self.model.train()
         scale = self._loss_scale(batch)
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        micro_batches = self._split(batch, "train_batch")
-        for mb in micro_batches:
+        parts = BatchMetrics()
+        for mb in self._split(batch, "train_batch"):
             outputs = self._forward(mb, temperature=temperature, with_entropy=with_entropy)
             loss, metrics = loss_fn(outputs, {k: v.to(self.device) for k, v in mb.items()}, scale)
             (loss * self.loss_scaler.scale if self.loss_scaler else loss).backward()
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-        metrics = {k: v / len(micro_batches) for k, v in sums.items()}
+            parts.add(metrics)
+        # the mini-batch's metrics over every micro-batch and rank (rlctl.engines.batch_metrics)
+        self.metric_parts = parts.reduce(self._group() if self.distributed else None, self.device)
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.loss_scaler:
             self.loss_scaler.unscale_(params)
@@ -354,7 +353,7 @@ class FSDPTrainEngine:
             if step_schedule:
                 self.scheduler.step()
             self.global_step += 1
-        out = self._mean_over_ranks(metrics)
+        out = results(self.metric_parts)
         out.update(grad_norm=grad_norm, lr=lr, skipped=float(skipped))
         if self.loss_scaler:
             out["loss_scale"] = self.loss_scaler.scale

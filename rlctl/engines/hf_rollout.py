@@ -22,7 +22,7 @@ from torch import nn
 from rlctl.engines.fingerprint import fingerprint_views
 from rlctl.engines.hf_model import cache_kwarg, load_causal_lm, output_cache, supports_logits_to_keep
 from rlctl.engines.logprob import position_ids_from_mask, scaled_log_softmax
-from rlctl.engines.prefix import prompt_groups, repeat_cache_rows
+from rlctl.engines.prefix import length_dependent_rope, prompt_groups, repeat_cache_rows
 from rlctl.engines.registry import register_engine
 from rlctl.engines.sampling import sample_tokens
 from rlctl.errors import RunError, UserError
@@ -72,6 +72,7 @@ class HFRolloutEngine:
             p.requires_grad_(False)
         self._cache_kw = cache_kwarg(self.model)
         self._keep_logits = supports_logits_to_keep(self.model)
+        self._rope_by_length = length_dependent_rope(self.model.config) is not None
         self.asleep = False
 
     # -- generation --------------------------------------------------------------------------------
@@ -88,7 +89,7 @@ class HFRolloutEngine:
         """The prompts' forward, each distinct prompt once (:mod:`rlctl.engines.prefix`): the n
         samples of a prompt are adjacent rows and share its KV cache."""
         positions = position_ids_from_mask(pmask)
-        groups = prompt_groups(prompts, pmask)
+        groups = None if self._rope_by_length else prompt_groups(prompts, pmask)
         if groups is None:
             return self._step(prompts, pmask, positions, None)
         first = groups.first

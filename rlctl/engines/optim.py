@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +16,9 @@ class OptimConfig:
     ``warmup_steps`` and ``total_steps`` are in the unit of whoever steps the schedule. The RL
     trainer steps it once per RL step, as verl does (``total_steps = trainer.steps``), so warmup
     and decay land on the same RL steps whatever the number of mini-batches, epochs or ranks;
-    supervised fine-tuning steps it once per optimiser step.
+    supervised fine-tuning steps it once per optimiser step. ``warmup_from_zero`` is verl's warmup
+    (the first step at LR 0); rlctl's SFT keeps the one its shipped checkpoints were made with,
+    ``(s + 1) / warmup_steps``, so its recipes still reproduce them bit for bit.
     """
 
     lr: float = 1e-6
@@ -27,6 +30,7 @@ class OptimConfig:
     schedule: str = "constant"
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
+    warmup_from_zero: bool = True
 
     def __post_init__(self) -> None:
         if self.schedule not in ("constant", "cosine"):
@@ -53,15 +57,22 @@ class LossScale:
     dp_size: int
 
 
-def lr_lambda(cfg: OptimConfig):
+def lr_lambda(cfg: OptimConfig) -> Callable[[int], float]:
     """Multiplier of the base LR at step ``s`` (0-based count of schedule steps already taken).
 
-    Warmup is ``(s + 1) / warmup_steps``, so the first step already trains.
+    verl's ``get_constant_schedule_with_warmup`` / ``get_cosine_schedule_with_warmup`` (and HF's):
+    warmup is ``s / warmup_steps``, so with warmup the first step runs at LR 0, and verl's worker
+    reads the LR, updates, then steps the schedule, as ``update_actor`` does here. The cosine
+    then goes from 1 at ``s = warmup_steps`` to ``min_lr_ratio`` at ``s = total_steps`` (held there
+    after, where verl's cosine would rise again). ``warmup_from_zero=False``: warmup
+    ``(s + 1) / warmup_steps`` (rlctl's SFT).
     """
+
+    offset = 0 if cfg.warmup_from_zero else 1
 
     def f(step: int) -> float:
         if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
+            return (step + offset) / cfg.warmup_steps
         if cfg.schedule == "constant":
             return 1.0
         span = max(1, cfg.total_steps - cfg.warmup_steps)

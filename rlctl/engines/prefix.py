@@ -12,7 +12,9 @@ prompt part once per distinct prompt and let every sample attend to that one KV 
 
 At 8 prompt tokens, 4 response tokens and ``n = 8`` that is 2.4x fewer tokens through the model.
 The cache is the model's own (``DynamicCache``); models or settings whose cache cannot be reused
-under autograd (activation checkpointing drops it) take the plain path. Under FSDP every forward
+under autograd (activation checkpointing drops it) take the plain path, and so do models whose
+rotary frequencies depend on the length of the forward (:func:`length_dependent_rope`: the
+prompt pass would rotate with other frequencies than the full forward). Under FSDP every forward
 is a collective, so all ranks take the same path (the training engine agrees on it per
 micro-batch).
 """
@@ -20,6 +22,7 @@ micro-batch).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -39,6 +42,36 @@ class PrefixGroups:
         """Every row its own group (the two-pass forward without sharing)."""
         index = torch.arange(rows, device=device)
         return cls(first=index, row_group=index)
+
+
+def _rope_types(config: Any) -> list[str]:
+    """Every ``rope_type`` a config declares: ``rope_parameters`` (transformers 5, one dict or one
+    per layer type) and the older ``rope_scaling`` (``rope_type`` or ``type``), text config included."""
+    configs = [config]
+    text = config.get_text_config() if hasattr(config, "get_text_config") else None
+    if text is not None and text is not config:
+        configs.append(text)
+    found = []
+    for cfg in configs:
+        for attr in ("rope_parameters", "rope_scaling"):
+            params = getattr(cfg, attr, None)
+            if not isinstance(params, dict):
+                continue
+            for entry in [params, *(v for v in params.values() if isinstance(v, dict))]:
+                kind = entry.get("rope_type", entry.get("type"))
+                if isinstance(kind, str):
+                    found.append(kind)
+    return found
+
+
+def length_dependent_rope(config: Any) -> str | None:
+    """The config's rope type whose frequencies follow the longest position of each forward, as
+    transformers' ``dynamic_rope_update`` does for a type containing ``dynamic`` and for
+    ``longrope``; None when there is none (prefix sharing is exact)."""
+    for kind in _rope_types(config):
+        if "dynamic" in kind or kind == "longrope":
+            return kind
+    return None
 
 
 def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> PrefixGroups | None:

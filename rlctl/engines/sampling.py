@@ -38,15 +38,19 @@ def sample_tokens(
     greedy: bool = False,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """One token per row of temperature-scaled logits (B, V): argmax if ``greedy``, else a draw."""
+    """One token per row of temperature-scaled logits (B, V): argmax if ``greedy``, else an exact
+    draw from ``softmax`` of the top-k/top-p-filtered logits (reproducible under ``generator``)."""
     if greedy:
         return scaled_logits.argmax(dim=-1)
     scores = filter_top_k_top_p(scaled_logits, top_k, top_p)
-    probs = torch.softmax(scores, dim=-1)
-    # inverse-CDF draw: one uniform per row against the cumulative distribution. Exact like
-    # torch.multinomial (right-side search never lands on a zero-probability token) and ~10x cheaper
-    # on a large vocabulary, which matters because it runs once per generated token.
-    cdf = probs.cumsum(dim=-1)
-    u = torch.rand(cdf.shape[:-1] + (1,), generator=generator, device=cdf.device, dtype=cdf.dtype)
-    idx = torch.searchsorted(cdf, u * cdf[..., -1:], right=True).squeeze(-1)
-    return idx.clamp_(max=probs.shape[-1] - 1)
+    probs = torch.softmax(scores.float(), dim=-1)
+    # inverse-CDF draw, one float64 uniform per row against a float64 cumulative sum: each token's
+    # interval is its probability to within float64 rounding (~1e-16), so every token with a
+    # probability above that can be drawn, at its rate. A float32 CDF cannot: near 1 its spacing
+    # is 6e-8, and the tail of a 152k vocabulary (tokens below that) gets zero-width intervals.
+    # A right-side search never lands on a zero-probability (filtered) token: its interval is empty.
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
+    total = cdf[..., -1:]
+    u = torch.rand(total.shape, generator=generator, device=cdf.device, dtype=torch.float64)
+    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # strictly below
+    return torch.searchsorted(cdf, x, right=True).squeeze(-1)

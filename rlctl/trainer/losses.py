@@ -1,7 +1,9 @@
 """Loss closures handed to the training engine: the actor objective and the critic's value loss.
 
 Each closure returns one micro-batch's exact share of the mini-batch loss (``LossScale`` carries
-the mini-batch totals), so gradients do not depend on the micro-batch size.
+the mini-batch totals), so gradients do not depend on the micro-batch size, and its metrics as
+parts, which the engine combines into the mini-batch's values (a registered policy loss's float
+metrics are read as token means of the micro-batch, as verl's are).
 """
 
 from __future__ import annotations
@@ -17,16 +19,17 @@ from rlctl.algorithms import (
     get_policy_loss,
     kl_loss,
     kl_penalty,
-    masked_mean,
-    rollout_is_weights,
     value_loss,
 )
+from rlctl.algorithms.metric_parts import Mean, MetricPart, max_of, mean_of
+from rlctl.algorithms.rollout_correction import rollout_is_weights_and_parts
 from rlctl.engines.optim import LossScale
 from rlctl.trainer.specs import ActorLossSpec, CriticSpec
 
 Batch = dict[str, torch.Tensor]
 CORRECTION_PREFIX = "rollout_corr/"  # the correction's metrics keep the driver's names
-LossFn = Callable[[Batch, Batch, LossScale], tuple[torch.Tensor, dict[str, float]]]
+Metrics = dict[str, MetricPart]
+LossFn = Callable[[Batch, Batch, LossScale], tuple[torch.Tensor, Metrics]]
 
 
 def _agg(scale: LossScale, norm_constant: float | None) -> dict:
@@ -38,8 +41,30 @@ def _agg(scale: LossScale, norm_constant: float | None) -> dict:
     }
 
 
+def _token_means(metrics: dict[str, float], mask: torch.Tensor) -> dict[str, Mean]:
+    """A loss's float metrics, token means of this micro-batch (verl's masked means), as parts."""
+    tokens = float(mask.sum())
+    return {k: Mean(float(v) * tokens, tokens) for k, v in metrics.items()}
+
+
+def _loss_part(share: torch.Tensor, mask: torch.Tensor, mode: str, scale: LossScale) -> Mean:
+    """This micro-batch's share of the mini-batch loss as parts whose combination over every
+    micro-batch and rank is the mini-batch's loss: weighted by tokens (token-mean) or by
+    sequences (the seq-mean modes), the weights ``agg_loss`` divides by."""
+    if mode == "token-mean":
+        local, total = float(mask.sum()), scale.global_tokens
+    else:
+        local, total = float((mask.sum(-1) > 0).sum()), scale.global_seqs
+    return Mean(float(share) / scale.dp_size * total, local)
+
+
 def make_actor_loss(spec: ActorLossSpec) -> LossFn:
-    """Policy-gradient loss - entropy bonus + KL loss, as configured."""
+    """Policy-gradient loss - entropy bonus + KL loss, as configured.
+
+    Its metrics are parts (:mod:`rlctl.algorithms.metric_parts`): the engine reports the
+    mini-batch's values, token-weighted (``rollout_corr/*`` of sequence level: per sequence),
+    over all micro-batches and ranks, with true maxima and minima.
+    """
     policy_loss = get_policy_loss(spec.policy_loss)
     base = PolicyLossConfig(
         clip_ratio_low=spec.clip_ratio_low,
@@ -49,12 +74,12 @@ def make_actor_loss(spec: ActorLossSpec) -> LossFn:
         norm_constant=spec.norm_constant,
     )
 
-    def correction(old: torch.Tensor, mb: Batch) -> tuple[torch.Tensor | None, dict[str, float]]:
+    def correction(old: torch.Tensor, mb: Batch) -> tuple[torch.Tensor | None, Metrics]:
         """The driver's importance weights, or (no old-log-prob pass) this micro-batch's from the
         proximal log-probs ``old`` and the rollout engine's; their metrics as ``rollout_corr/*``."""
         if "rollout_is_weights" in mb or spec.rollout_correction == "off" or "rollout_log_probs" not in mb:
             return mb.get("rollout_is_weights"), {}
-        weights, metrics = rollout_is_weights(
+        weights, parts = rollout_is_weights_and_parts(
             old,
             mb["rollout_log_probs"],
             mb["response_mask"],
@@ -62,9 +87,9 @@ def make_actor_loss(spec: ActorLossSpec) -> LossFn:
             mode=spec.rollout_correction_mode,
             threshold=spec.rollout_correction_threshold,
         )
-        return weights, {f"{CORRECTION_PREFIX}{k}": v for k, v in metrics.items()}
+        return weights, {f"{CORRECTION_PREFIX}{k}": v for k, v in parts.items()}
 
-    def loss_fn(out: Batch, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_fn(out: Batch, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, Metrics]:
         mask = mb["response_mask"]
         log_prob = out["log_probs"]
         # On-policy single update: the old policy is the current one, so use its detached log-probs.
@@ -73,27 +98,30 @@ def make_actor_loss(spec: ActorLossSpec) -> LossFn:
             global_tokens=scale.global_tokens, global_seqs=scale.global_seqs, dp_size=scale.dp_size
         )
         weights, corr_metrics = correction(old, mb)
-        pg, metrics = policy_loss(old, log_prob, mb["advantages"], mask, spec.loss_agg_mode, config, weights)
-        metrics.update(corr_metrics)
+        pg, pg_metrics = policy_loss(
+            old, log_prob, mb["advantages"], mask, spec.loss_agg_mode, config, weights
+        )
+        metrics: Metrics = {**_token_means(pg_metrics, mask), **corr_metrics}
         if "old_log_probs" not in mb and "rollout_log_probs" in mb:
             # no recompute pass measured the train/inference gap: the update's own log-probs do
-            # (watched by the trainer's LogProbGapAlarm)
+            # (watched by the trainer's LogProbGapAlarm, on the mini-batch's true mean)
             gap = (old - mb["rollout_log_probs"]).abs()
-            metrics["rollout/log_prob_diff_mean"] = masked_mean(gap, mask).item()
+            metrics["rollout/log_prob_diff_mean"] = mean_of(gap, mask)
+            metrics["rollout/log_prob_diff_max"] = max_of(gap, mask)
         agg = _agg(scale, spec.norm_constant)
         ent = entropy_loss(out["entropy"], mask, spec.loss_agg_mode, **agg) if "entropy" in out else None
         kl = None
         if spec.use_kl_loss:
             kl, _ = kl_loss(log_prob, mb["ref_log_probs"], mask, spec.kl_loss_type, spec.loss_agg_mode, **agg)
-            metrics["kl"] = masked_mean(
+            metrics["kl"] = mean_of(
                 kl_penalty(log_prob.detach(), mb["ref_log_probs"], spec.kl_loss_type), mask
-            ).item()
+            )
         total = actor_loss(pg, ent, spec.entropy_coeff, kl, spec.kl_loss_coef)
-        with torch.no_grad():  # the micro-batch's own (unshared) value, for reporting
-            local_pg, _ = policy_loss(old, log_prob, mb["advantages"], mask, spec.loss_agg_mode, base)
-        metrics["pg_loss"] = local_pg.item()
+        with torch.no_grad():  # the policy loss without importance weights, as reported before
+            share, _ = policy_loss(old, log_prob, mb["advantages"], mask, spec.loss_agg_mode, config)
+        metrics["pg_loss"] = _loss_part(share, mask, spec.loss_agg_mode, scale)
         if "entropy" in out:
-            metrics["entropy"] = masked_mean(out["entropy"].detach(), mask).item()
+            metrics["entropy"] = mean_of(out["entropy"], mask)
         return total, metrics
 
     return loss_fn
@@ -106,9 +134,9 @@ def make_critic_loss(spec: CriticSpec) -> LossFn:
     never by the batch's trimmed response width, which changes from step to step.
     """
 
-    def loss_fn(out: Batch, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_fn(out: Batch, mb: Batch, scale: LossScale) -> tuple[torch.Tensor, Metrics]:
         mask = mb["response_mask"]
-        loss, metrics = value_loss(
+        loss, floats = value_loss(
             out["values"],
             mb["returns"],
             mb["values"],
@@ -117,8 +145,9 @@ def make_critic_loss(spec: CriticSpec) -> LossFn:
             spec.loss_agg_mode,
             **_agg(scale, spec.norm_constant),
         )
-        metrics["vpred_mean"] = masked_mean(out["values"].detach(), mask).item()
-        metrics["vf_loss"] = masked_mean(0.5 * (out["values"].detach() - mb["returns"]) ** 2, mask).item()
+        metrics: Metrics = dict(_token_means(floats, mask))
+        metrics["vpred_mean"] = mean_of(out["values"], mask)
+        metrics["vf_loss"] = mean_of(0.5 * (out["values"].detach() - mb["returns"]) ** 2, mask)
         return loss, metrics
 
     return loss_fn

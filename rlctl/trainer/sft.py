@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from rlctl.algorithms import agg_loss
+from rlctl.algorithms.metric_parts import mean_of
 from rlctl.data import SFTDataset, load_dataset
 from rlctl.data.batcher import left_pad
 from rlctl.engines.fsdp_train import FSDPTrainEngine
@@ -61,7 +62,7 @@ def nll_loss(out: dict[str, torch.Tensor], mb: dict[str, torch.Tensor], scale: L
     loss = -agg_loss(
         out["log_probs"], mask, "token-mean", global_tokens=scale.global_tokens, dp_size=scale.dp_size
     )
-    return loss, {"nll": (-(out["log_probs"].detach() * mask).sum() / mask.sum().clamp(min=1)).item()}
+    return loss, {"nll": mean_of(-out["log_probs"], mask)}  # the batch's token mean
 
 
 def run_sft(profile: Profile, run_dir: Path) -> dict[str, Any]:
@@ -83,7 +84,9 @@ def run_sft(profile: Profile, run_dir: Path) -> dict[str, Any]:
         dtype="float32",  # fp32 master weights; compute in the platform's dtype
         mixed_precision=None if dtype == "float32" else dtype,
         micro_batch_size=s.batch_sequences,
-        optim=OptimConfig(lr=s.lr, warmup_steps=s.warmup_steps, weight_decay=0.0, grad_clip=1.0),
+        optim=OptimConfig(
+            lr=s.lr, warmup_steps=s.warmup_steps, weight_decay=0.0, grad_clip=1.0, warmup_from_zero=False
+        ),  # the warmup the shipped SFT checkpoints were made with
         trust_remote_code=profile.model.trust_remote_code,
     )
     rollout = HFRolloutEngine(

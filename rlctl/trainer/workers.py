@@ -16,7 +16,9 @@ from typing import Any
 
 import torch
 
+from rlctl.algorithms.metric_parts import results
 from rlctl.dispatch import DataProto, Dispatch, Worker, register
+from rlctl.engines.batch_metrics import BatchMetrics
 from rlctl.engines.registry import get_engine
 from rlctl.reshard import reshard_train_to_rollout
 from rlctl.trainer.fingerprint import SyncCheck, without
@@ -180,12 +182,13 @@ class PolicyWorker(Worker):
         """One RL step: ``ppo_epochs`` passes over the driver's mini-batches, then one LR step.
 
         The schedule counts RL steps, as verl does, so warmup and decay do not depend on how
-        many mini-batches (optimiser steps) a step holds.
+        many mini-batches (optimiser steps) a step holds. The loss's metrics are the step's: its
+        parts (:mod:`rlctl.engines.batch_metrics`) combined over every mini-batch and epoch.
         """
         inject_fault(self, "update_actor", batch.meta.get("step"))
         extra = ("old_log_probs", "ref_log_probs", "advantages", "rollout_is_weights", "rollout_log_probs")
         minis = _mini_batches(batch, _train_view(batch, *extra))
-        metrics = []
+        metrics, parts = [], BatchMetrics()
         self.rollout.sleep()  # colocated: the rollout engine's memory goes to training until the sync
         with self._actor_on_device():
             for _ in range(self.spec.update.ppo_epochs):
@@ -198,9 +201,11 @@ class PolicyWorker(Worker):
                             step_schedule=False,
                         )
                     )
+                    parts.add(getattr(self.actor, "metric_parts", {}))
             self.actor.advance_schedule()
         # the loss's namespaced metrics (rollout_corr/*, rollout/*) keep the names the driver uses
-        return {k if "/" in k else f"actor/{k}": v for k, v in mean_metrics(metrics).items()}
+        merged = mean_metrics(metrics) | results(parts.reduce())
+        return {k if "/" in k else f"actor/{k}": v for k, v in merged.items()}
 
     @register(dispatch_mode=Dispatch.RANK_ZERO)
     def rollout_log_prob_gap(self, temperature: float, top_p: float, top_k: int) -> str | None:
@@ -271,7 +276,9 @@ class PolicyWorker(Worker):
     def save_checkpoint(self, path: str) -> None:
         self.actor.save_checkpoint(Path(path) / "actor")
         if self.rank == 0:  # the weight version goes on counting where the run stopped
-            (Path(path) / "actor" / SYNC_STATE).write_text(json.dumps({"version": self._sync_check().version}))
+            (Path(path) / "actor" / SYNC_STATE).write_text(
+                json.dumps({"version": self._sync_check().version})
+            )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
@@ -325,12 +332,13 @@ class CriticWorker(Worker):
     def update_critic(self, batch: DataProto) -> dict[str, float]:
         """One RL step of the value model, laid out and scheduled like ``update_actor``."""
         minis = _mini_batches(batch, _train_view(batch, "values", "returns"))
-        metrics = []
+        metrics, parts = [], BatchMetrics()
         for _ in range(self.spec.update.ppo_epochs):
             for mini in minis:
                 metrics.append(self.critic.train_batch(mini, self.critic_loss, step_schedule=False))
+                parts.add(getattr(self.critic, "metric_parts", {}))
         self.critic.advance_schedule()
-        return {f"critic/{k}": v for k, v in mean_metrics(metrics).items()}
+        return {f"critic/{k}": v for k, v in (mean_metrics(metrics) | results(parts.reduce())).items()}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

@@ -42,7 +42,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> N
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        optim = OptimConfig(lr=1e-2, grad_clip=1.0, warmup_steps=1, total_steps=4, schedule="cosine")
+        optim = OptimConfig(lr=1e-2, grad_clip=1.0, warmup_steps=0, total_steps=4, schedule="cosine")
         per_rank = 8 // world
         rows = slice(rank * per_rank, (rank + 1) * per_rank)
         b1 = {k: v[rows] for k, v in make_batch(8, seed=1).items()}
@@ -133,7 +133,7 @@ def unsharded(runs):
     from rlctl.engines.optim import OptimConfig
 
     model_dir, _ = runs
-    optim = OptimConfig(lr=1e-2, grad_clip=1.0, warmup_steps=1, total_steps=4, schedule="cosine")
+    optim = OptimConfig(lr=1e-2, grad_clip=1.0, warmup_steps=0, total_steps=4, schedule="cosine")
     engine = FSDPTrainEngine(model_dir, micro_batch_size=8, optim=optim)
     metrics = engine.train_batch(make_batch(8, seed=1), token_mean_loss, temperature=0.7)
     return metrics, _params(engine)

@@ -124,3 +124,90 @@ def test_rollout_prefill_runs_each_prompt_once_with_identical_samples(model_dir,
     plain = engine.generate(prompts, pmask, **kw)
     for key, value in plain.items():
         assert torch.allclose(shared[key].float(), value.float(), atol=1e-6, rtol=0), key
+
+
+def _dynamic_rope_model(path):
+    """A tiny Qwen2 with ``rope_type = dynamic`` whose 8 original positions the 11-token rows pass:
+    the full forward rotates with rescaled frequencies, a 6-token prompt pass with the original ones."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(5)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8,
+        rope_scaling={"rope_type": "dynamic", "factor": 4.0},
+        tie_word_embeddings=True,
+    )
+    model = Qwen2ForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    model.save_pretrained(str(path))
+    return path
+
+
+def test_length_dependent_rope_is_read_as_transformers_does():
+    from types import SimpleNamespace
+
+    from rlctl.engines.prefix import length_dependent_rope
+
+    def cfg(**kw):
+        return SimpleNamespace(**kw)
+
+    assert length_dependent_rope(cfg(rope_parameters={"rope_type": "dynamic", "factor": 2.0})) == "dynamic"
+    assert length_dependent_rope(cfg(rope_scaling={"type": "longrope"})) == "longrope"
+    nested = {"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "dynamic"}}
+    assert length_dependent_rope(cfg(rope_parameters=nested)) == "dynamic"
+    for plain in (
+        {"rope_type": "default"},
+        {"rope_type": "linear", "factor": 2.0},
+        {"rope_type": "yarn"},
+        None,
+    ):
+        assert length_dependent_rope(cfg(rope_parameters=plain, rope_scaling=plain)) is None
+    assert length_dependent_rope(cfg()) is None
+
+
+def test_dynamic_rope_refuses_prefix_sharing_and_equals_the_plain_forward(tmp_path):
+    from rlctl.engines.prefix import PrefixGroups, prompt_groups, shared_prefix_logits
+
+    model_dir = _dynamic_rope_model(tmp_path / "dyn")
+    batch = make_grouped_batch(3, n=4, resp_len=5, seed=2)  # 6 prompt + 5 response tokens
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    grads, log_probs = {}, {}
+    for share in (True, False):
+        engine = FSDPTrainEngine(
+            model_dir, micro_batch_size=12, share_prefix=share, optim=OptimConfig(lr=0.0, grad_clip=0.0)
+        )
+        assert not engine.share_prefix
+        sizes, handle = _batch_sizes_of_forwards(engine.model)
+        log_probs[share] = engine.compute_log_prob(batch)["log_probs"]
+        engine.train_batch(batch, token_mean_loss)
+        handle.remove()
+        assert sizes == [12, 12]  # the plain forward, no prompt pass
+        grads[share] = torch.cat([p.grad.flatten() for p in engine.model.parameters()])
+    ref = reference_log_probs(engine.model, batch)
+    mask = batch["response_mask"].bool()
+    assert (log_probs[True][mask] - ref[mask]).abs().max() <= 1e-5
+    assert torch.equal(grads[True], grads[False])
+    # what sharing would have given: the prompt pass rotated with the unscaled frequencies
+    groups = prompt_groups(batch["input_ids"][:, :6], batch["attention_mask"][:, :6])
+    assert isinstance(groups, PrefixGroups)
+    with torch.no_grad():
+        two_pass = shared_prefix_logits(
+            engine.model, **inputs, response_length=5, groups=groups, keep_logits=False
+        )
+    plain = engine.model(**inputs).logits[:, -6:-1]
+    assert (two_pass - plain).abs().max() > 1e-3
+    # the rollout's prefill is not shared either
+    rollout = HFRolloutEngine(model_dir)
+    sizes, handle = _batch_sizes_of_forwards(rollout.model)
+    rollout.generate(batch["input_ids"][:, :6], batch["attention_mask"][:, :6], max_new_tokens=2, seed=1)
+    handle.remove()
+    assert sizes[0] == 12

@@ -78,3 +78,33 @@ def test_log_probs_and_entropy_under_temperature(device, temp, seed):
 def test_position_ids_follow_verl_convention():
     mask = torch.tensor([[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
     assert position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1, 2, 2], [0, 1, 2, 3, 4, 5]]
+
+
+def test_a_152k_vocabulary_is_sampled_exactly_into_its_tail():
+    """Most mass on 16 tokens, 25e-9 on each of the 152k later ones: a float32 CDF gives 88k of them
+    an empty interval (never drawn). Every bin's frequency follows the softmax (chi-square), and
+    the tokens a float32 CDF cannot reach are drawn at their rate."""
+    vocab, head, p_tail = 152_064, 16, 2.5e-8
+    weights = torch.tensor([30, 20, 10, 8, 7, 6, 5, 4, 3, 2, 1.5, 1, 0.8, 0.7, 0.6, 0.4], dtype=torch.float64)
+    tail_mass = p_tail * (vocab - head)
+    probs = torch.cat(
+        [weights / weights.sum() * (1 - tail_mass), torch.full((vocab - head,), p_tail).double()]
+    )
+    logits = probs.log().float()[None]
+    cdf32 = torch.softmax(logits, -1).cumsum(-1)[0]
+    unreachable = torch.cat([torch.tensor([False]), cdf32[1:] == cdf32[:-1]])
+    assert unreachable.sum() > 80_000
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.cat([sample_tokens(logits.expand(100, vocab), generator=gen) for _ in range(100)])
+    bins = torch.where(draws < head, draws, torch.where(unreachable[draws], head + 1, head))
+    observed = torch.bincount(bins, minlength=head + 2).double()
+    expected = torch.cat(
+        [probs[:head], probs[head:][~unreachable[head:]].sum()[None], probs[unreachable].sum()[None]]
+    )
+    expected = expected * draws.numel()
+    assert expected[-1] > 20
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    assert chi2 < 40.79, (chi2, observed.tolist(), expected.tolist())  # 17 dof, p = 0.001
+    assert observed[-1] >= 5  # the float32-unreachable tail is drawn
+    again = sample_tokens(logits.expand(100, vocab), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(again, draws[:100])  # reproducible under the generator

@@ -66,8 +66,9 @@ def test_warmup_and_cosine_land_on_the_same_rl_steps_for_1_and_4_mini_batches(tm
     for step in range(STEPS):
         assert one[step] == pytest.approx([want[step]] * 2, rel=1e-12)
         assert four[step] == pytest.approx([want[step]] * 8, rel=1e-12)
-    # warmup ends with RL step 2, the cosine starts at RL step 3 and decays to RL step 6, for both
-    assert want[0] == pytest.approx(LR / 2) and want[1] == want[2] == pytest.approx(LR)
+    # verl's warmup: RL steps 1 and 2 at 0 and LR/2, the cosine starts at LR on RL step 3 and
+    # decays to RL step 6, for both
+    assert want[0] == 0.0 and want[1] == pytest.approx(LR / 2) and want[2] == pytest.approx(LR)
     assert all(a > b for a, b in zip(want[2:], want[3:], strict=False))
     assert want[-1] == pytest.approx(LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 3 / 4))))
 
