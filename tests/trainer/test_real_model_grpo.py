@@ -37,7 +37,7 @@ micro_batch_sequences = 4
 ppo_epochs = 2
 [rollout]
 engine = "hf"
-n = 2
+n = 4  # 2 prompts x 4: a reward that varies within a group, so step 1 really updates
 temperature = 0.7
 max_new_tokens = 8
 [reward]
