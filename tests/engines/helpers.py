@@ -17,8 +17,8 @@ def log_prob_atol(device: str) -> float:
     return 1e-5 if device == "cpu" else 1e-4
 
 
-def make_model(path: Path, *, tie: bool = False, seed: int = 0, layers: int = 2) -> Path:
-    """Save a random tiny Qwen2 causal LM to ``path`` and return it."""
+def make_model(path: Path, *, tie: bool = False, seed: int = 0, layers: int = 2, **config) -> Path:
+    """Save a random tiny Qwen2 causal LM to ``path`` and return it (``config`` overrides fields)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
@@ -29,11 +29,11 @@ def make_model(path: Path, *, tie: bool = False, seed: int = 0, layers: int = 2)
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=128,
         tie_word_embeddings=tie,
         pad_token_id=PAD,
         eos_token_id=EOS,
         bos_token_id=2,
+        **{"max_position_embeddings": 128, **config},
     )
     model = Qwen2ForCausalLM(cfg)
     # larger-than-default init so the distributions are far from uniform

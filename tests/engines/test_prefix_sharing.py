@@ -129,27 +129,8 @@ def test_rollout_prefill_runs_each_prompt_once_with_identical_samples(model_dir,
 def _dynamic_rope_model(path):
     """A tiny Qwen2 with ``rope_type = dynamic`` whose 8 original positions the 11-token rows pass:
     the full forward rotates with rescaled frequencies, a 6-token prompt pass with the original ones."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(5)
-    cfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=8,
-        rope_scaling={"rope_type": "dynamic", "factor": 4.0},
-        tie_word_embeddings=True,
-    )
-    model = Qwen2ForCausalLM(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.2)
-    model.save_pretrained(str(path))
-    return path
+    return make_model(path, tie=True, seed=5, max_position_embeddings=8,
+                      rope_scaling={"rope_type": "dynamic", "factor": 4.0})  # fmt: skip
 
 
 def test_length_dependent_rope_is_read_as_transformers_does():
