@@ -38,7 +38,7 @@ from rlctl.errors import UserError
 from rlctl.log import get_logger
 from rlctl.rewards.sandbox_cgroup import make_run_cgroups, oom_killed, probe_cgroup, remove_cgroups
 from rlctl.rewards.sandbox_layers import LEVELS, MEMORY, MOUNT, NET, PID, SECCOMP, UID, SandboxPlan, refusal
-from rlctl.rewards.sandbox_seccomp import SYSCALLS, seccomp_filter
+from rlctl.rewards.sandbox_seccomp import AUDIT_ARCH, seccomp_filter, syscall_numbers
 from rlctl.rewards.sandbox_spawn import launch, read_bytes, read_head
 from rlctl.rewards.sandbox_uids import UID_POOL, kill_uid, live_pids_of_uid, run_uid
 
@@ -231,8 +231,8 @@ def _plain_scratch(io_dir: Path, files: list[str], uid: int | None, gid: int | N
 
 
 def _keyctl_nr() -> int | None:
-    col = {"x86_64": 0, "aarch64": 1}.get(platform.machine())
-    return None if col is None else SYSCALLS["keyctl"][col]
+    machine = platform.machine()
+    return syscall_numbers(machine)["keyctl"] if machine in AUDIT_ARCH else None
 
 
 _PROBE = "import sys; print(sys.version_info[0])"

@@ -15,6 +15,7 @@ Syscall numbers are Linux's uapi: ``asm/unistd_64.h`` (x86_64) and ``asm-generic
 from __future__ import annotations
 
 import errno
+import functools
 import platform
 import struct
 
@@ -54,10 +55,15 @@ def _insn(code: int, k: int = 0, jt: int = 0, jf: int = 0) -> tuple[int, int, in
     return (code, jt, jf, k)
 
 
+def syscall_numbers(machine: str) -> dict[str, int]:
+    """name -> syscall number on ``machine`` (``platform.machine()``), for the calls listed here."""
+    col = 0 if machine == "x86_64" else 1
+    return {name: nums[col] for name, nums in SYSCALLS.items()}
+
+
 def filter_program(machine: str) -> list[tuple[int, int, int, int]]:
     """The filter as (code, jt, jf, k) instructions for ``machine`` (``platform.machine()``)."""
-    col = 0 if machine == "x86_64" else 1
-    nr = {name: nums[col] for name, nums in SYSCALLS.items()}
+    nr = syscall_numbers(machine)
     prog = [
         _insn(_LD_ABS_W, _ARCH),
         _insn(_JEQ, AUDIT_ARCH[machine], jt=1),
@@ -89,6 +95,7 @@ def filter_program(machine: str) -> list[tuple[int, int, int, int]]:
     return prog + [_insn(_RET, RET_ALLOW)]
 
 
+@functools.cache
 def seccomp_filter() -> bytes | None:
     """This host's filter as packed ``struct sock_filter`` array, or None where the arch is unknown."""
     machine = platform.machine()

@@ -23,8 +23,8 @@ from rlctl.rewards.sandbox_seccomp import (
     DENIED,
     RET_ALLOW,
     RET_KILL_PROCESS,
-    SYSCALLS,
     filter_program,
+    syscall_numbers,
 )
 from tests.rewards.sandbox_host import require_strict
 
@@ -115,9 +115,9 @@ def test_raw_syscalls_past_the_guard_are_denied_by_seccomp():
     import platform
 
     require_strict()
-    col = 0 if platform.machine() == "x86_64" else 1
-    nr = {name: nums[col] for name, nums in SYSCALLS.items()}
-    res = run_python(RAW_SYSCALLS.format(nr=nr), limits=SandboxLimits(guard=False))
+    res = run_python(
+        RAW_SYSCALLS.format(nr=syscall_numbers(platform.machine())), limits=SandboxLimits(guard=False)
+    )
     assert res.ok, res.stderr
     got = dict(line.split(" ", 1) for line in res.stdout.splitlines())
     for name in ("unshare", "add_key", "keyctl", "ptrace", "clone", "bpf", "io_uring_setup", "packet"):
@@ -199,8 +199,7 @@ def _evaluate(prog, nr: int, arch: int, args: tuple[int, ...]) -> int:
     args=st.tuples(*[st.integers(0, 2**32 - 1)] * 6),
 )
 def test_filter_denies_exactly_the_listed_calls(machine, nr, args):
-    col = 0 if machine == "x86_64" else 1
-    by_nr = {nums[col]: name for name, nums in SYSCALLS.items()}
+    by_nr = {nr: name for name, nr in syscall_numbers(machine).items()}
     action = _evaluate(filter_program(machine), nr, AUDIT_ARCH[machine], args)
     name = by_nr.get(nr)
     eperm = 0x00050000 | errno.EPERM
