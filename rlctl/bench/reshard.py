@@ -9,7 +9,7 @@ with its rollout TP rank's tensors, preallocated (the rollout engine's own weigh
   streamed in buckets; per-parameter gather + broadcast; whole-model gather).
 * ``disk``: gather to rank 0, safetensors file (fsync), every rank loads it.
 * ``trainer``: the exact weight sync the training loop runs, ``PolicyWorker.sync_weights`` of
-  :mod:`rlctl.trainer.workers` on the registry's FSDP2 training engine and HF rollout engine (TP 1,
+  :mod:`rlctl.trainer.workers.roles` on the registry's FSDP2 training engine and HF rollout engine (TP 1,
   HF names: the only rollout layout the loop uses today), fingerprint check included.
 
 Every rank's output is checked exactly: a SHA-256 of every tensor against the tensors vLLM's loaders
@@ -432,7 +432,7 @@ def _trainer_sync(job: dict, rank: int, world: int):
     from rlctl.dispatch.mesh import Mesh
     from rlctl.dispatch.worker import WorkerContext
     from rlctl.engines.registry import get_engine
-    from rlctl.trainer.workers import PolicyWorker
+    from rlctl.trainer.workers.roles import PolicyWorker
 
     path, model_type = job["checkpoint"], job["config"]["model_type"]
     worker = PolicyWorker.__new__(PolicyWorker)  # what init_model builds, minus the loss and optimiser use
@@ -451,8 +451,8 @@ def _trainer_sync(job: dict, rank: int, world: int):
 
 
 def _trainer_bucket() -> int:
-    """The bucket the loop's sync uses (``rlctl.trainer.workers.SYNC_BUCKET_BYTES``)."""
-    from rlctl.trainer.workers import SYNC_BUCKET_BYTES
+    """The bucket the loop's sync uses (``rlctl.trainer.workers.roles.SYNC_BUCKET_BYTES``)."""
+    from rlctl.trainer.workers.roles import SYNC_BUCKET_BYTES
 
     return SYNC_BUCKET_BYTES
 

@@ -273,9 +273,9 @@ def run_trl(cfg: StepBenchConfig, out: Path, params: int, peak: float) -> dict[s
     from rlctl.dispatch import DataProto
     from rlctl.engines.hf_model import load_causal_lm
     from rlctl.engines.hf_rollout import HFRolloutEngine
-    from rlctl.trainer.context import load_prompts
-    from rlctl.trainer.evaluate import scorer_for
-    from rlctl.trainer.models import load_tokenizer, materialize_model, stop_token_ids
+    from rlctl.trainer.setup.evaluate import scorer_for
+    from rlctl.trainer.setup.models import load_tokenizer, materialize_model, stop_token_ids
+    from rlctl.trainer.setup.prompts import load_prompts
 
     profile = _profile(cfg, "sync", out)
     model_path = materialize_model(profile.model.path, out / "trl-base", seed=profile.run.seed)
@@ -366,7 +366,7 @@ def run_step_bench(cfg: StepBenchConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(cfg.out_dir or tmp)
         out.mkdir(parents=True, exist_ok=True)
-        from rlctl.trainer.models import materialize_model
+        from rlctl.trainer.setup.models import materialize_model
 
         base = _profile(cfg, "sync", out)
         params = matmul_params(materialize_model(base.model.path, out / "params-base", seed=base.run.seed))

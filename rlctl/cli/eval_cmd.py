@@ -40,7 +40,7 @@ def eval_(
     target: str, checkpoint: str | None, limit: int | None, overrides: tuple[str, ...], as_json: bool
 ) -> None:
     """Greedy accuracy on the validation split."""
-    from rlctl.trainer.evaluate import evaluate_model
+    from rlctl.trainer.setup.evaluate import evaluate_model
 
     profile, model = _resolve(target, checkpoint, overrides)
     result = evaluate_model(profile, model, limit=limit) | {"model": model}

@@ -69,7 +69,7 @@ class ResourcePool:
         import ray
         from ray.util.placement_group import placement_group
 
-        from rlctl.trainer.capacity import require_capacity
+        from rlctl.dispatch.capacity import require_capacity
 
         require_capacity(self)  # one-line RunError now, instead of a group that can never be placed
         bundles = [self.bundle() for _ in range(self.devices_per_node)]

@@ -7,7 +7,7 @@ import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -17,8 +17,20 @@ from rlctl.engines.disk_space import save_failure, state_bytes
 from rlctl.engines.safe_checkpoint import SafeLoadPlanner, check_dcp_metadata, safe_torch_load
 from rlctl.errors import DiskFullError, RunError, UserError
 
-if TYPE_CHECKING:
-    from rlctl.engines.fsdp_train import FSDPTrainEngine
+
+class FSDPTrainEngine(Protocol):
+    """What these functions read and set on the training engine (``fsdp_train.FSDPTrainEngine``),
+    named here so this module needs no import of it (the engine calls into this one)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    global_step: int
+    loss_scaler: Any
+    value_head: bool
+    arch_name: str | None
+    model_path: Path
+    device: torch.device
 
 EXTRA_STATE = "rlctl_engine_state.pt"
 TOKENIZER_FILES = (

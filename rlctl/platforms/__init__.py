@@ -4,13 +4,12 @@ Importing this package never imports torch, Ray or a vendor library; probes read
 metadata and vendor SMI answers from child processes. Entry point: ``resolve_platform``.
 """
 
-from rlctl.platforms.base import Candidate, Platform, ProbeResult
+from rlctl.platforms.base import Candidate, Platform, ProbeResult, Resolution
 from rlctl.platforms.host import Host
 from rlctl.platforms.pins import Facts, Pin, PinOutcome, evaluate_pin, load_pins
 from rlctl.platforms.resolve import (
     BUILTINS,
     ENTRY_POINT_GROUP,
-    Resolution,
     known_platforms,
     resolve_platform,
 )

@@ -10,14 +10,11 @@ Ray or vendor libraries in this process.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from rlctl.platforms.bounded import call_bounded, probe_timeout
 from rlctl.platforms.host import Host
 from rlctl.platforms.pins import Facts, Pin, load_pins
-
-if TYPE_CHECKING:
-    from rlctl.platforms.resolve import Resolution
 
 # rollout engine -> distributions it needs installed
 ENGINE_DISTS: dict[str, tuple[str, ...]] = {
@@ -34,6 +31,26 @@ class ProbeResult:
     found: bool
     reason: str
     details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Resolution:
+    """Which platform, at which tier (explicit | env | plugin | builtin | fallback), and why."""
+
+    name: str
+    tier: str
+    reason: str
+    probes: dict[str, ProbeResult] = field(default_factory=dict)
+    plugin_errors: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "tier": self.tier,
+            "reason": self.reason,
+            "probes": {k: {"found": v.found, "reason": v.reason} for k, v in self.probes.items()},
+            "plugin_errors": dict(self.plugin_errors),
+        }
 
 
 @dataclass(frozen=True)

@@ -7,54 +7,38 @@ chosen and why the others were not. Two matches at the same tier is a ``UserErro
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata as md
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from rlctl.errors import UserError
-from rlctl.platforms.ascend import AscendPlatform
-from rlctl.platforms.base import Platform, ProbeResult
+from rlctl.platforms.base import Platform, ProbeResult, Resolution
 from rlctl.platforms.bounded import call_bounded, probe_timeout
-from rlctl.platforms.cpu import CpuPlatform
 from rlctl.platforms.host import Host
-from rlctl.platforms.nvidia import NvidiaPlatform
-from rlctl.platforms.rocm import RocmPlatform
 
 ENTRY_POINT_GROUP = "rlctl.platforms"
 ENV_VAR = "RLCTL_PLATFORM"
 
-BUILTINS: dict[str, type[Platform]] = {
-    "nvidia": NvidiaPlatform,
-    "rocm": RocmPlatform,
-    "ascend": AscendPlatform,
-    "cpu": CpuPlatform,
+# Built-in vendors by qualified name (as vLLM's ``vllm/platforms/__init__.py`` does): this module
+# imports no vendor, so a vendor module may import anything below it without an import circle.
+BUILTINS: dict[str, str] = {
+    "nvidia": "rlctl.platforms.nvidia:NvidiaPlatform",
+    "rocm": "rlctl.platforms.rocm:RocmPlatform",
+    "ascend": "rlctl.platforms.ascend:AscendPlatform",
+    "cpu": "rlctl.platforms.cpu:CpuPlatform",
 }
 ALIASES = {"cuda": "nvidia", "amd": "rocm", "hip": "rocm", "npu": "ascend"}
 
 
-@dataclass
-class Resolution:
-    """Which platform, at which tier (explicit | env | plugin | builtin | fallback), and why."""
-
-    name: str
-    tier: str
-    reason: str
-    probes: dict[str, ProbeResult] = field(default_factory=dict)
-    plugin_errors: dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "tier": self.tier,
-            "reason": self.reason,
-            "probes": {k: {"found": v.found, "reason": v.reason} for k, v in self.probes.items()},
-            "plugin_errors": dict(self.plugin_errors),
-        }
-
-
 Factory = Callable[..., Platform]
+
+
+def builtin_platform(name: str, host: Host) -> Platform:
+    """The built-in platform ``name`` (a key of :data:`BUILTINS`) for ``host``."""
+    module, _, cls = BUILTINS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)(host=host)
 
 
 def _plugin_entry_points(eps: Iterable[Any] | None) -> list[Any]:
@@ -93,7 +77,7 @@ def known_platforms(entry_points: Iterable[Any] | None = None) -> list[str]:
 def _select(name: str, source: str, host: Host, eps: list[Any], tier: str) -> Platform:
     key = ALIASES.get(name.lower(), name.lower())
     if key in BUILTINS:
-        plat: Platform = BUILTINS[key](host=host)
+        plat: Platform = builtin_platform(key, host)
         errors: dict[str, str] = {}
     else:
         plugins, errors = _load_plugins([ep for ep in eps if ep.name == key], host)
@@ -150,7 +134,7 @@ def resolve_platform(
         )
         return plat
 
-    accel = {n: cls(host=host) for n, cls in BUILTINS.items() if n != "cpu"}
+    accel = {n: builtin_platform(n, host) for n in BUILTINS if n != "cpu"}
     for n, p in accel.items():
         probes[n] = p.probe()
     found = [n for n, p in accel.items() if p.probe().found]
@@ -166,7 +150,7 @@ def resolve_platform(
             found[0], "builtin", f"chosen because {plat.probe().reason}", probes, errors
         )
         return plat
-    cpu = CpuPlatform(host=host)
+    cpu = builtin_platform("cpu", host)
     probes["cpu"] = cpu.probe()
     cpu.resolution = Resolution(
         "cpu", "fallback", "chosen because no accelerator probe matched (CPU comes last)", probes, errors

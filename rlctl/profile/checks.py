@@ -81,7 +81,7 @@ def _check_shapes(profile: Profile, fail: Callable[[str, str], None]) -> None:
     """Sizes the workers need to divide, caught before any worker starts.
 
     Batch sizes need not divide the number of ranks: the update pads each mini-batch with
-    masked rows (``rlctl.trainer.minibatch``). What must divide is fixed by the model and the
+    masked rows (``rlctl.trainer.step.minibatch``). What must divide is fixed by the model and the
     world: the rollout's tensor-parallel degree against the world size and the attention heads
     (vLLM's rule, also ``rlctl.reshard.layout.check_tp``: heads divisible by tp; kv heads and tp,
     one a multiple of the other).

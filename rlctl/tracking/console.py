@@ -45,7 +45,7 @@ def clip(text: str, limit: int, keep: str = "middle") -> str:
 
 
 def show_sample(row: dict[str, Any]) -> None:
-    """One line for one sample row of ``samples.jsonl`` (see ``rlctl.trainer.samples``).
+    """One line for one sample row of ``samples.jsonl`` (see ``rlctl.trainer.state.samples``).
 
     Values are printed as Python string literals, so newlines and trailing spaces stay visible.
     """

@@ -20,10 +20,10 @@ def train(
     """Run (or resume) the RL loop the profile describes; returns the last step's metrics."""
     from dataclasses import replace
 
-    from rlctl.trainer.checkpoint import find_resume_point
-    from rlctl.trainer.context import build_context
-    from rlctl.trainer.loop_modes import trainer_class
-    from rlctl.trainer.models import materialize_model
+    from rlctl.trainer.loops.modes import trainer_class
+    from rlctl.trainer.setup.context import build_context
+    from rlctl.trainer.setup.models import materialize_model
+    from rlctl.trainer.state.checkpoint import find_resume_point
 
     run_dir = run_dir_for(profile, output_dir)
     if resume not in ("auto", "never"):

@@ -24,10 +24,10 @@ from rlctl.engines.optim import LossScale, OptimConfig
 from rlctl.log import get_logger
 from rlctl.profile.schema import Profile
 from rlctl.tracking import Tracker
-from rlctl.trainer.choices import single_process_engines
-from rlctl.trainer.context import load_prompts
-from rlctl.trainer.evaluate import greedy_accuracy, scorer_for
-from rlctl.trainer.models import load_tokenizer, materialize_model, stop_token_ids
+from rlctl.trainer.plan.choices import single_process_engines
+from rlctl.trainer.setup.evaluate import greedy_accuracy, scorer_for
+from rlctl.trainer.setup.models import load_tokenizer, materialize_model, stop_token_ids
+from rlctl.trainer.setup.prompts import load_prompts
 
 log = get_logger("rlctl.sft")
 

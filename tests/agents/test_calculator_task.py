@@ -90,7 +90,7 @@ def test_greedy_episode_accuracy_runs_in_process(char_model):
     from rlctl.data.batcher import PromptBatcher
     from rlctl.engines.hf_rollout import HFRolloutEngine
     from rlctl.profile import load_profile
-    from rlctl.trainer.context import to_proto
+    from rlctl.trainer.setup.prompts import to_proto
 
     repo = Path(__file__).resolve().parents[2]
     profile = load_profile(

@@ -7,7 +7,7 @@ import torch
 
 from rlctl.agents.driver import EpisodeRollout, on_last_model_token
 from rlctl.dispatch import DataProto
-from rlctl.trainer.stages import token_level_scores, trim_response_padding
+from rlctl.trainer.step.stages import token_level_scores, trim_response_padding
 
 MASK = torch.tensor([[1, 1, 0, 0, 0, 1, 0, 0], [1, 0, 0, 1, 1, 0, 0, 0]])  # model, obs, model, pad
 ATTN = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0, 0, 0]])

@@ -11,8 +11,8 @@ from rlctl.data.batcher import left_pad
 from rlctl.data.dataset import encode_prompt
 from rlctl.engines.fsdp_train import FSDPTrainEngine
 from rlctl.engines.hf_rollout import HFRolloutEngine
-from rlctl.trainer.losses import make_actor_loss
-from rlctl.trainer.specs import ActorLossSpec
+from rlctl.trainer.plan.specs import ActorLossSpec
+from rlctl.trainer.workers.losses import make_actor_loss
 from tests.agents.helpers import ScriptedEnv, rows_with_turns
 
 torch.set_num_threads(1)

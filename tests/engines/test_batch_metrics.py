@@ -33,8 +33,8 @@ def _batch(padded: bool) -> dict[str, torch.Tensor]:
 
 
 def _train(engine, batch: dict[str, torch.Tensor]) -> dict[int, dict[str, float]]:
-    from rlctl.trainer.losses import make_actor_loss
-    from rlctl.trainer.specs import ActorLossSpec
+    from rlctl.trainer.plan.specs import ActorLossSpec
+    from rlctl.trainer.workers.losses import make_actor_loss
 
     loss = make_actor_loss(ActorLossSpec(rollout_correction="token"))
     out = {}

@@ -19,7 +19,7 @@ from rlctl.engines.fingerprint import checksum, fingerprint_params, same, sample
 from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.engines.sglang_rollout import SGLangRolloutEngine
 from rlctl.engines.vllm_rollout import VLLMRolloutEngine, vllm_view
-from rlctl.trainer.fingerprint import SyncCheck
+from rlctl.trainer.state.fingerprint import SyncCheck
 from tests.engines.fakes import SGLANG_VERSIONS, VLLM_VERSIONS, install
 from tests.engines.helpers import make_model
 

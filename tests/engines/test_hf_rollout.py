@@ -15,7 +15,7 @@ from rlctl.engines import hf_rollout
 from rlctl.engines.fsdp_train import FSDPTrainEngine
 from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.errors import RunError, UserError
-from rlctl.trainer.workers import PolicyWorker, _pad_responses
+from rlctl.trainer.workers.roles import PolicyWorker, _pad_responses
 from tests.engines.helpers import EOS, PAD, log_prob_atol, make_batch, make_model
 
 torch.set_num_threads(1)

@@ -15,7 +15,7 @@ import torch
 from rlctl.data import PromptBatcher, load_dataset
 from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.models.gguf_import import PROVENANCE_FILE
-from rlctl.trainer.models import load_tokenizer, stop_token_ids
+from rlctl.trainer.setup.models import load_tokenizer, stop_token_ids
 
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 

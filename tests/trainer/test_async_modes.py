@@ -128,8 +128,8 @@ def test_async_at_staleness_zero_is_the_sync_run(profile_for):
 def test_the_policy_loss_multiplies_the_importance_weights():
     from rlctl.algorithms.metric_parts import result
     from rlctl.engines.optim import LossScale
-    from rlctl.trainer.losses import make_actor_loss
-    from rlctl.trainer.specs import ActorLossSpec
+    from rlctl.trainer.plan.specs import ActorLossSpec
+    from rlctl.trainer.workers.losses import make_actor_loss
 
     torch.manual_seed(0)
     logits = torch.randn(4, 3, requires_grad=True)

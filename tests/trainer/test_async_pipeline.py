@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rlctl.trainer.async_pipeline import Produced, RolloutPipeline
+from rlctl.trainer.loops.pipeline import Produced, RolloutPipeline
 
 
 def drive(

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlctl.errors import UserError
-from rlctl.trainer import checkpoint as ck
+from rlctl.trainer.state import checkpoint as ck
 from tests.cli_runner import run_cli
 
 

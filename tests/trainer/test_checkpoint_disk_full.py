@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.api import CheckpointException, _wrap_exceptio
 from rlctl.dispatch.errors import WorkerError
 from rlctl.engines import disk_space, fsdp_io
 from rlctl.errors import DiskFullError
-from rlctl.trainer import checkpoint as ck
+from rlctl.trainer.state import checkpoint as ck
 from tests.cli_runner import run_cli
 
 

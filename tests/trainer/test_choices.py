@@ -10,9 +10,9 @@ from rlctl.errors import UserError
 from rlctl.platforms.cpu import CpuPlatform
 from rlctl.platforms.nvidia import NvidiaPlatform
 from rlctl.profile.loader import load_profile
-from rlctl.trainer import choices
-from rlctl.trainer.context import _check_rollout_log_probs
-from rlctl.trainer.specs import build_specs
+from rlctl.trainer.plan import choices
+from rlctl.trainer.plan.specs import build_specs
+from rlctl.trainer.setup.context import _check_rollout_log_probs
 from tests.cli_runner import run_cli
 from tests.platforms.fakes import FakePynvml, cpu_host, make_dist, nvidia_host
 

@@ -16,10 +16,10 @@ import torch
 from rlctl.dispatch import Mesh
 from rlctl.dispatch.worker import WorkerContext
 from rlctl.engines.optim import OptimConfig
-from rlctl.trainer import async_workers
-from rlctl.trainer.async_workers import RolloutWorker
-from rlctl.trainer.specs import ActorLossSpec, EngineSpec, PolicySpec, UpdateSpec, build_specs
-from rlctl.trainer.workers import _cpu_threads
+from rlctl.trainer.plan.specs import ActorLossSpec, EngineSpec, PolicySpec, UpdateSpec, build_specs
+from rlctl.trainer.workers import rollout as async_workers
+from rlctl.trainer.workers.roles import _cpu_threads
+from rlctl.trainer.workers.rollout import RolloutWorker
 
 
 @pytest.fixture

@@ -16,10 +16,10 @@ from rlctl.algorithms import groups_with_variance
 from rlctl.dispatch import DataProto
 from rlctl.profile import load_profile
 from rlctl.rewards.manager import RewardManager
-from rlctl.trainer import loop as loop_mod
-from rlctl.trainer.loop import Trainer
-from rlctl.trainer.scoring import BatchScorer
-from rlctl.trainer.stages import StageTimer, groups_with_signal
+from rlctl.trainer.loops import sync as loop_mod
+from rlctl.trainer.loops.sync import Trainer
+from rlctl.trainer.step.scoring import BatchScorer
+from rlctl.trainer.step.stages import StageTimer, groups_with_signal
 
 
 def first_letter(data_source, solution_str, ground_truth, extra_info=None):

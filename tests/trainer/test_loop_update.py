@@ -9,9 +9,9 @@ import torch
 
 from rlctl.dispatch import DataProto
 from rlctl.profile import load_profile
-from rlctl.trainer.context import RunContext
-from rlctl.trainer.loop import Trainer
-from rlctl.trainer.minibatch import MINI_BATCH_ROWS
+from rlctl.trainer.loops.sync import Trainer
+from rlctl.trainer.setup.context import RunContext
+from rlctl.trainer.step.minibatch import MINI_BATCH_ROWS
 
 
 class RecordingPolicy:

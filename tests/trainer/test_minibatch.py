@@ -12,7 +12,12 @@ from rlctl.dispatch import DataProto, Dispatch, Execute, Mesh
 from rlctl.dispatch.futures import execute_on_rank
 from rlctl.dispatch.modes import get_mode, plan_call
 from rlctl.dispatch.proto import PADDING
-from rlctl.trainer.minibatch import MINI_BATCH_ROWS, cut_mini_batches, layout_mini_batches, split_mini_batches
+from rlctl.trainer.step.minibatch import (
+    MINI_BATCH_ROWS,
+    cut_mini_batches,
+    layout_mini_batches,
+    split_mini_batches,
+)
 
 
 def step_batch(group_sizes: list[int]) -> tuple[DataProto, np.ndarray]:
@@ -101,7 +106,7 @@ def test_split_rejects_sizes_that_do_not_cut_the_shard():
 
 
 def test_workers_zero_the_response_mask_of_padding_rows():
-    from rlctl.trainer.workers import _train_view
+    from rlctl.trainer.workers.roles import _train_view
 
     batch, uids = step_batch([2, 2, 3])
     view = _train_view(layout_mini_batches(batch, uids, 0, 2))

@@ -6,8 +6,8 @@ import numpy as np
 import torch
 
 from rlctl.dispatch import DataProto
-from rlctl.trainer.async_pipeline import Produced
-from rlctl.trainer.pending import PENDING_DIR, load_pending, save_pending
+from rlctl.trainer.loops.pending import PENDING_DIR, load_pending, save_pending
+from rlctl.trainer.loops.pipeline import Produced
 
 
 def test_a_pending_batch_round_trips(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlctl.engines.fsdp_io import EXTRA_STATE
-from rlctl.trainer import checkpoint as ck
+from rlctl.trainer.state import checkpoint as ck
 from tests.cli_runner import run_cli
 from tests.trainer.test_train_e2e import DETERMINISTIC, by_step, metrics
 

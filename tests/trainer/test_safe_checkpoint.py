@@ -13,8 +13,8 @@ import torch
 
 from rlctl.engines.safe_checkpoint import SafeLoadPlanner, check_dcp_metadata, safe_torch_load
 from rlctl.errors import CheckpointRefused, UserError
-from rlctl.trainer import checkpoint as ck
-from rlctl.trainer import manifest
+from rlctl.trainer.state import checkpoint as ck
+from rlctl.trainer.state import manifest
 from tests.cli_runner import run_cli
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from rlctl.dispatch import DataProto
 from rlctl.report.samples import md_cell, samples_markdown
-from rlctl.trainer.samples import SampleLog, pick_rows
+from rlctl.trainer.state.samples import SampleLog, pick_rows
 from tests.cli_runner import run_cli
 
 SMALL_VAL = ("--set", "data.val_size=4")

@@ -12,10 +12,10 @@ from rlctl.dispatch import Dispatch, Execute, Mesh
 from rlctl.dispatch.modes import get_mode, plan_call
 from rlctl.dispatch.worker import WorkerContext, WorkerHost
 from rlctl.engines.optim import OptimConfig, lr_lambda
-from rlctl.trainer.minibatch import layout_mini_batches
-from rlctl.trainer.specs import ActorLossSpec, EngineSpec, PolicySpec, UpdateSpec, build_specs
-from rlctl.trainer.stages import for_workers
-from rlctl.trainer.workers import PolicyWorker
+from rlctl.trainer.plan.specs import ActorLossSpec, EngineSpec, PolicySpec, UpdateSpec, build_specs
+from rlctl.trainer.step.minibatch import layout_mini_batches
+from rlctl.trainer.step.stages import for_workers
+from rlctl.trainer.workers.roles import PolicyWorker
 from tests.engines.helpers import make_model
 from tests.trainer.test_world_size_invariance import make_step_batch
 
@@ -108,8 +108,8 @@ prompts_per_step = 8
 def test_critic_seq_mean_token_sum_norm_does_not_follow_the_trimmed_width():
     """The same rows at two response widths (trim_response_padding changes it per step) give one loss."""
     from rlctl.engines.optim import LossScale
-    from rlctl.trainer.losses import make_critic_loss
-    from rlctl.trainer.specs import CriticSpec
+    from rlctl.trainer.plan.specs import CriticSpec
+    from rlctl.trainer.workers.losses import make_critic_loss
 
     spec = CriticSpec(
         engine=EngineSpec(model_path="-"),

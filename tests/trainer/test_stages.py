@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from rlctl.dispatch import DataProto
-from rlctl.trainer.stages import groups_with_signal, token_level_scores, trim_response_padding
+from rlctl.trainer.step.stages import groups_with_signal, token_level_scores, trim_response_padding
 
 
 def _batch(lengths: list[int], prompt: int = 3, width: int = 6) -> DataProto:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from rlctl.errors import Stopped
-from rlctl.trainer.stop import StopSignals
+from rlctl.trainer.loops.stop import StopSignals
 
 
 def _wait(seconds: float) -> None:

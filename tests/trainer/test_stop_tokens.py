@@ -10,8 +10,8 @@ import torch
 
 from rlctl.dispatch import DataProto
 from rlctl.engines.hf_rollout import HFRolloutEngine
-from rlctl.trainer.models import stop_token_ids
-from rlctl.trainer.stages import batch_metrics
+from rlctl.trainer.setup.models import stop_token_ids
+from rlctl.trainer.step.stages import batch_metrics
 from tests.engines.helpers import PAD, make_batch, make_model
 
 

@@ -8,7 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from rlctl.errors import RunError
-from rlctl.trainer.fingerprint import SKIP_ENV, LogProbGapAlarm, merge_sync_metrics
+from rlctl.trainer.state.fingerprint import SKIP_ENV, LogProbGapAlarm, merge_sync_metrics
 from tests.cli_runner import run_cli
 from tests.trainer.test_train_e2e import by_step, metrics
 

@@ -37,7 +37,7 @@ TOL = 1e-5
 
 def _specs(actor_dir: str, critic_dir: str):
     from rlctl.engines.optim import OptimConfig
-    from rlctl.trainer.specs import ActorLossSpec, CriticSpec, EngineSpec, PolicySpec, UpdateSpec
+    from rlctl.trainer.plan.specs import ActorLossSpec, CriticSpec, EngineSpec, PolicySpec, UpdateSpec
 
     optim = OptimConfig(lr=0.0, weight_decay=0.0, grad_clip=0.0)
     policy = PolicySpec(
@@ -69,7 +69,7 @@ class Group:
     def __init__(self, rank: int, world: int, port: int, actor_dir: str, critic_dir: str) -> None:
         from rlctl.dispatch.mesh import Mesh
         from rlctl.dispatch.worker import WorkerContext, WorkerHost
-        from rlctl.trainer.workers import CriticWorker, PolicyWorker
+        from rlctl.trainer.workers.roles import CriticWorker, PolicyWorker
 
         self.policy_spec, self.critic_spec = _specs(actor_dir, critic_dir)
         self.host = WorkerHost(rank, world, in_process=world == 1)
@@ -107,7 +107,7 @@ class Group:
 
     def run(self, job: dict) -> list[dict[str, torch.Tensor]]:
         """One actor and one critic update on this rank's payloads; every optimiser step's gradients."""
-        from rlctl.trainer.losses import make_actor_loss, make_critic_loss
+        from rlctl.trainer.workers.losses import make_actor_loss, make_critic_loss
 
         mode, mbs = job["mode"], job["micro_batch"]
         self.policy.actor.micro_batch_size = mbs
@@ -223,8 +223,8 @@ def payloads(batch, uids, mini_batch_prompts: int, world: int) -> list[tuple[tup
     """What the driver sends each rank for one update call (layout, then the DP dispatch)."""
     from rlctl.dispatch import Dispatch, Execute, Mesh
     from rlctl.dispatch.modes import get_mode, plan_call
-    from rlctl.trainer.minibatch import layout_mini_batches
-    from rlctl.trainer.stages import for_workers
+    from rlctl.trainer.step.minibatch import layout_mini_batches
+    from rlctl.trainer.step.stages import for_workers
 
     laid = layout_mini_batches(for_workers(batch), uids, mini_batch_prompts, world)
     per_rank, _ = plan_call(
@@ -301,7 +301,7 @@ class Reference:
 
     def steps(self, batch, uids, job: dict) -> list[dict[str, torch.Tensor]]:
         """Expected gradients of every optimiser step: the actor's mini-batches, then the critic's."""
-        from rlctl.trainer.minibatch import cut_mini_batches
+        from rlctl.trainer.step.minibatch import cut_mini_batches
 
         cuts = cut_mini_batches(uids, len(batch), job["mini_batch_prompts"])
         minis = [{k: v[list(rows)] for k, v in batch.batch.items()} for rows in cuts]

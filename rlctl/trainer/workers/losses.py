@@ -24,7 +24,7 @@ from rlctl.algorithms import (
 from rlctl.algorithms.metric_parts import Mean, MetricPart, max_of, mean_of
 from rlctl.algorithms.rollout_correction import rollout_is_weights_and_parts
 from rlctl.engines.optim import LossScale
-from rlctl.trainer.specs import ActorLossSpec, CriticSpec
+from rlctl.trainer.plan.specs import ActorLossSpec, CriticSpec
 
 Batch = dict[str, torch.Tensor]
 CORRECTION_PREFIX = "rollout_corr/"  # the correction's metrics keep the driver's names

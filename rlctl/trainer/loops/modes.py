@@ -9,13 +9,13 @@ def trainer_class(profile: Profile) -> type:
     """The Trainer subclass for ``profile.trainer.mode`` (sync, one_step_off, async)."""
     mode = profile.trainer.mode
     if mode == "one_step_off":
-        from rlctl.trainer.loop_one_step_off import OneStepOffTrainer
+        from rlctl.trainer.loops.one_step_off import OneStepOffTrainer
 
         return OneStepOffTrainer
     if mode == "async":
-        from rlctl.trainer.loop_async import AsyncTrainer
+        from rlctl.trainer.loops.asynchronous import AsyncTrainer
 
         return AsyncTrainer
-    from rlctl.trainer.loop import Trainer
+    from rlctl.trainer.loops.sync import Trainer
 
     return Trainer

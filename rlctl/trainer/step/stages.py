@@ -179,7 +179,7 @@ def batch_metrics(batch: DataProto, max_new_tokens: int, stop_ids: list[int]) ->
 def log_prob_gap_metrics(t: dict[str, torch.Tensor]) -> dict[str, float]:
     """Train/inference mismatch: |rollout engine log-prob - training engine log-prob| over the
     response tokens (max and mean, nats), when both exist; watched by the trainer's
-    :class:`~rlctl.trainer.fingerprint.LogProbGapAlarm`."""
+    :class:`~rlctl.trainer.state.fingerprint.LogProbGapAlarm`."""
     if "rollout_log_probs" not in t or "old_log_probs" not in t:
         return {}
     mask = t["response_mask"].bool()

@@ -20,12 +20,13 @@ from rlctl.errors import RunError
 from rlctl.log import get_logger
 from rlctl.profile import profile_to_dict
 from rlctl.tracking import Tracker
-from rlctl.trainer import checkpoint
-from rlctl.trainer.context import RunContext
-from rlctl.trainer.fingerprint import LogProbGapAlarm, merge_sync_metrics, skipped_tensor
-from rlctl.trainer.minibatch import layout_mini_batches
-from rlctl.trainer.samples import SampleLog
-from rlctl.trainer.stages import (
+from rlctl.trainer.loops.stop import StopSignals
+from rlctl.trainer.setup.context import RunContext
+from rlctl.trainer.state import checkpoint
+from rlctl.trainer.state.fingerprint import LogProbGapAlarm, merge_sync_metrics, skipped_tensor
+from rlctl.trainer.state.samples import SampleLog
+from rlctl.trainer.step.minibatch import layout_mini_batches
+from rlctl.trainer.step.stages import (
     StageTimer,
     batch_metrics,
     compute_advantages,
@@ -34,7 +35,6 @@ from rlctl.trainer.stages import (
     mean_metrics,
     trim_response_padding,
 )
-from rlctl.trainer.stop import StopSignals
 
 log = get_logger("rlctl.trainer")
 
@@ -169,7 +169,7 @@ class Trainer:
         scoring pass of the step (all rounds, ReMax's baseline).
         """
         from rlctl.algorithms.dapo import dynamic_sampling_values
-        from rlctl.trainer.scoring import add_counts
+        from rlctl.trainer.step.scoring import add_counts
 
         algo = self.p.algorithm
         need = self.p.sequences_per_step

@@ -86,7 +86,7 @@ def split_mini_batches(
     if sum(sizes) != n or any(s < 1 for s in sizes):
         raise ValueError(
             f"meta[{MINI_BATCH_ROWS!r}]={sizes} does not cut this rank's {n} rows; lay the batch out "
-            "with rlctl.trainer.minibatch.layout_mini_batches for this group's DP size"
+            "with rlctl.trainer.step.minibatch.layout_mini_batches for this group's DP size"
         )
     out, start = [], 0
     for s in sizes:

@@ -21,9 +21,9 @@ import torch
 
 from rlctl.dispatch import DataProto, Dispatch, Worker, WorkerGroup, register, spawn_colocated
 from rlctl.dispatch.pool import ResourcePool
-from rlctl.trainer import choices
-from rlctl.trainer.specs import PolicySpec, build_specs
-from rlctl.trainer.workers import _cpu_threads, rollout_engine, sample_rows
+from rlctl.trainer.plan import choices
+from rlctl.trainer.plan.specs import PolicySpec, build_specs
+from rlctl.trainer.workers.roles import _cpu_threads, rollout_engine, sample_rows
 
 
 class RolloutWorker(Worker):

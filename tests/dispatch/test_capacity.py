@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from rlctl.dispatch.capacity import device_hint, require_capacity, shortfall
 from rlctl.dispatch.pool import ResourcePool
 from rlctl.errors import RunError
-from rlctl.trainer.capacity import device_hint, require_capacity, shortfall
 from tests.platforms.fakes import make_dist, nvidia_container_host, ray_needing_amdsmi, rocm_host
 
 

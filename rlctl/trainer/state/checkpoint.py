@@ -44,7 +44,7 @@ from rlctl.engines import disk_space
 from rlctl.engines.safe_checkpoint import safe_torch_load
 from rlctl.errors import CheckpointRefused, RunError, UserError
 from rlctl.log import get_logger
-from rlctl.trainer import manifest
+from rlctl.trainer.state import manifest
 
 log = get_logger("rlctl.checkpoint")
 

@@ -9,7 +9,7 @@ import torch
 from rlctl.algorithms import overlong_penalty
 from rlctl.dispatch import DataProto
 from rlctl.rewards.manager import RewardManager
-from rlctl.trainer.stages import token_level_scores
+from rlctl.trainer.step.stages import token_level_scores
 
 # What score() returns besides the batch: per-pass counts, so a caller that scores several times
 # in one step (DAPO rounds, ReMax's baseline) adds them up.

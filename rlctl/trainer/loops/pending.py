@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from rlctl.dispatch import DataProto
 from rlctl.errors import UserError
-from rlctl.trainer.async_pipeline import Produced
+from rlctl.trainer.loops.pipeline import Produced
 
 PENDING_DIR = "pending"
 

@@ -21,11 +21,11 @@ from rlctl.dispatch import DataProto, Dispatch, Worker, register
 from rlctl.engines.batch_metrics import BatchMetrics
 from rlctl.engines.registry import get_engine
 from rlctl.reshard import reshard_train_to_rollout
-from rlctl.trainer.fingerprint import SyncCheck, without
-from rlctl.trainer.losses import make_actor_loss, make_critic_loss
-from rlctl.trainer.minibatch import MINI_BATCH_ROWS, split_mini_batches
-from rlctl.trainer.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec
-from rlctl.trainer.stages import mean_metrics
+from rlctl.trainer.plan.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec
+from rlctl.trainer.state.fingerprint import SyncCheck, without
+from rlctl.trainer.step.minibatch import MINI_BATCH_ROWS, split_mini_batches
+from rlctl.trainer.step.stages import mean_metrics
+from rlctl.trainer.workers.losses import make_actor_loss, make_critic_loss
 
 SYNC_STATE = "sync.json"  # the actor's weight version, beside its checkpoint
 

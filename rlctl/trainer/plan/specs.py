@@ -56,7 +56,7 @@ class ActorLossSpec:
 class UpdateSpec:
     """How a worker runs one RL step's update.
 
-    The mini-batches themselves are cut on the driver (``rlctl.trainer.minibatch``), the same for
+    The mini-batches themselves are cut on the driver (``rlctl.trainer.step.minibatch``), the same for
     every world size; the worker takes ``ppo_epochs`` passes over them, then one LR-schedule step.
     """
 

@@ -10,7 +10,7 @@ from rlctl.dispatch import DataProto
 from rlctl.profile.schema import Profile
 from rlctl.rewards.manager import build_reward_manager
 from rlctl.rewards.sandbox import SandboxLimits
-from rlctl.trainer.scoring import BatchScorer
+from rlctl.trainer.step.scoring import BatchScorer
 
 
 def scorer_for(profile: Profile, tokenizer: Any) -> BatchScorer:
@@ -72,9 +72,9 @@ def greedy_accuracy(
 def evaluate_model(profile: Profile, model_path: str, limit: int | None = None) -> dict[str, float]:
     """Load ``model_path`` into the HF rollout engine and measure greedy validation accuracy."""
     from rlctl.engines.hf_rollout import HFRolloutEngine
-    from rlctl.trainer.choices import single_process_engines
-    from rlctl.trainer.context import load_prompts
-    from rlctl.trainer.models import load_tokenizer, stop_token_ids
+    from rlctl.trainer.plan.choices import single_process_engines
+    from rlctl.trainer.setup.models import load_tokenizer, stop_token_ids
+    from rlctl.trainer.setup.prompts import load_prompts
 
     tokenizer = load_tokenizer(model_path, profile.model.trust_remote_code)
     _, val = load_prompts(profile, tokenizer)

@@ -6,43 +6,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlctl.data import PromptBatcher, load_dataset
 from rlctl.dispatch import DataProto, WorkerGroup, spawn_colocated
 from rlctl.dispatch.pool import ResourcePool
 from rlctl.errors import UserError
 from rlctl.log import get_logger
 from rlctl.profile.schema import Profile
-from rlctl.trainer import choices
-from rlctl.trainer.evaluate import scorer_for
-from rlctl.trainer.models import load_tokenizer, stop_token_ids
-from rlctl.trainer.scoring import BatchScorer
-from rlctl.trainer.specs import build_specs
-from rlctl.trainer.workers import CriticWorker, PolicyWorker, ReferenceWorker
+from rlctl.trainer.plan import choices
+from rlctl.trainer.plan.specs import build_specs
+from rlctl.trainer.setup.evaluate import scorer_for
+from rlctl.trainer.setup.models import load_tokenizer, stop_token_ids
+from rlctl.trainer.setup.prompts import PromptSource, load_prompts
+from rlctl.trainer.step.scoring import BatchScorer
+from rlctl.trainer.workers.roles import CriticWorker, PolicyWorker, ReferenceWorker
 
 log = get_logger("rlctl.setup")
-
-
-class PromptSource:
-    """The train prompt stream as DataProto batches, with a resumable position."""
-
-    def __init__(self, batcher: PromptBatcher) -> None:
-        self.batcher = batcher
-
-    def next_batch(self) -> DataProto:
-        return to_proto(self.batcher.next_batch())
-
-    def state_dict(self) -> dict[str, int]:
-        return self.batcher.state_dict()
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.batcher.load_state_dict(state)
-
-
-def to_proto(batch: Any) -> DataProto:
-    return DataProto.from_dict(
-        tensors={"input_ids": batch.input_ids, "attention_mask": batch.attention_mask},
-        non_tensors=batch.non_tensors,
-    )
 
 
 @dataclass
@@ -82,25 +59,6 @@ class RunContext:
                 group.shutdown()
         if self.pool is not None:  # else every run in one process keeps its placement group
             self.pool.release()
-
-
-def load_prompts(profile: Profile, tokenizer: Any) -> tuple[PromptSource, DataProto | None]:
-    """Train stream plus the fixed validation prompts (the task's split, or data.val)."""
-    d, seed = profile.data, profile.run.seed
-    train = PromptBatcher(
-        load_dataset(d.train, "train", seed=seed),
-        tokenizer,
-        profile.trainer.prompts_per_step,
-        seed=seed,
-        max_prompt_length=d.max_prompt_length,
-        shuffle=d.shuffle,
-    )
-    val_spec = d.val or (d.train if d.train.startswith("builtin:") else "")
-    if not val_spec:
-        return PromptSource(train), None
-    val_ds = load_dataset(val_spec, "validation", seed=seed, limit=d.val_size or None)
-    val = PromptBatcher(val_ds, tokenizer, 1, seed=seed, max_prompt_length=d.max_prompt_length, shuffle=False)
-    return PromptSource(train), to_proto(val.make_batch(list(range(len(val.dataset))), "val-"))
 
 
 def _check_rollout_log_probs(profile: Profile, policy: WorkerGroup) -> None:

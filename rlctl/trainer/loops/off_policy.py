@@ -1,10 +1,10 @@
 """What the off-policy loops share: the sync loop's stages, with the rollout stage on another thread.
 
-:class:`OffPolicyTrainer` is the sync :class:`~rlctl.trainer.loop.Trainer` with three stages
+:class:`OffPolicyTrainer` is the sync :class:`~rlctl.trainer.loops.sync.Trainer` with three stages
 swapped, every other stage (old log-probs, reference, values, advantages, updates, the colocated
 sync and its check, validation, checkpoints) unchanged:
 
-- ``rollout`` takes the next batch from the :class:`~rlctl.trainer.async_pipeline.RolloutPipeline`
+- ``rollout`` takes the next batch from the :class:`~rlctl.trainer.loops.pipeline.RolloutPipeline`
   instead of generating it; the rollout thread runs the sync loop's own rollout stage (prompts,
   generation on the rollout workers, rewards, DAPO's rounds) for batch ``b`` while step ``b - 1``
   trains.
@@ -18,7 +18,7 @@ sync and its check, validation, checkpoints) unchanged:
   update's own (detached) log-probs and the loss computes the weights without a recompute pass
   (``trainer.losses``); otherwise the old log-probs are recomputed first, as in sync mode.
   ``algorithm.rollout_correction = "off"`` means token-level here; "sequence" is kept
-  (:func:`~rlctl.trainer.specs.effective_rollout_correction`).
+  (:func:`~rlctl.trainer.plan.specs.effective_rollout_correction`).
 
 Validation runs on the colocated rollout engine, which is synced (and checked) only before a
 validation (``sync_rollout``), and pauses the rollout thread, so the two never share the cores;
@@ -38,13 +38,13 @@ from rlctl.dispatch import DataProto
 from rlctl.dispatch.futures import LazyInput
 from rlctl.errors import RunError, UserError
 from rlctl.log import get_logger
-from rlctl.trainer.async_pipeline import Produced, RolloutPipeline
-from rlctl.trainer.async_workers import spawn_rollout_group
-from rlctl.trainer.context import RunContext
-from rlctl.trainer.loop import Trainer
-from rlctl.trainer.pending import load_pending, save_pending
-from rlctl.trainer.specs import effective_rollout_correction
-from rlctl.trainer.stages import StageTimer
+from rlctl.trainer.loops.pending import load_pending, save_pending
+from rlctl.trainer.loops.pipeline import Produced, RolloutPipeline
+from rlctl.trainer.loops.sync import Trainer
+from rlctl.trainer.plan.specs import effective_rollout_correction
+from rlctl.trainer.setup.context import RunContext
+from rlctl.trainer.step.stages import StageTimer
+from rlctl.trainer.workers.rollout import spawn_rollout_group
 
 log = get_logger("rlctl.trainer")
 

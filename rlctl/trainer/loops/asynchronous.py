@@ -6,12 +6,12 @@ published them (at the next generation's start; a generation in flight finishes 
 weights it began with). The thread runs at most max_staleness + 1 batches ahead; which version
 each batch gets depends on timing, so unlike one_step_off the run is not bit-reproducible. Each
 sample's version and staleness are logged (``async/staleness_mean`` / ``_max``) and corrected
-(:mod:`rlctl.trainer.async_trainer`).
+(:mod:`rlctl.trainer.loops.off_policy`).
 """
 
 from __future__ import annotations
 
-from rlctl.trainer.async_trainer import OffPolicyTrainer
+from rlctl.trainer.loops.off_policy import OffPolicyTrainer
 
 
 class AsyncTrainer(OffPolicyTrainer):

@@ -1,6 +1,6 @@
 """``trainer.mode = "one_step_off"``: batch k+1 is generated while step k trains.
 
-Schedule (versions as in :mod:`rlctl.trainer.async_pipeline`: step k trains policy version k)::
+Schedule (versions as in :mod:`rlctl.trainer.loops.pipeline`: step k trains policy version k)::
 
     rollout workers:  gen 1 (v1)  gen 2 (v1)   gen 3 (v2)   gen 4 (v3)  ...
     trainer:                      train 1      train 2      train 3     ...
@@ -12,7 +12,7 @@ deterministic given a seed. verl's recipe/one_step_off_policy is the same schedu
 
 from __future__ import annotations
 
-from rlctl.trainer.async_trainer import OffPolicyTrainer
+from rlctl.trainer.loops.off_policy import OffPolicyTrainer
 
 
 class OneStepOffTrainer(OffPolicyTrainer):
