@@ -57,7 +57,7 @@ def _cpu_threads(worker: Worker, spec: EngineSpec, side: str = "train") -> int |
 
     The host's ``local_world_size`` ranks share its cores equally. In the off-policy modes
     (``spec.separate_rollout``) a rollout group of the same shape runs in processes of its own on
-    the same hosts (:mod:`.async_workers`): its ranks (``side="rollout"``) take half the cores and
+    the same hosts (:mod:`.rollout`): its ranks (``side="rollout"``) take half the cores and
     the training ranks the rest, so the two sides together use each core once (OpenMP threads
     beyond the cores spin against each other). In-process workers share one process: nothing to
     split. Every rank gets at least one thread. None off CPU (nothing set).
