@@ -106,3 +106,13 @@ def test_a_planted_import_circle_breaks_the_acyclic_contract(tree: Path, module:
     assert (
         "No import circles" in done.stdout and "BROKEN" in done.stdout.split("No import circles")[1][:200]
     ), done.stdout
+
+
+def test_no_module_is_over_400_lines() -> None:
+    """Small modules, one job each: a file that grows past 400 lines is split along a seam."""
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in (ROOT / "rlctl").rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 400
+    }
+    assert not long, long

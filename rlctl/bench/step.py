@@ -25,153 +25,31 @@ it uses; they mirror the profile (read from trl/trainer/grpo_config.py of that r
 
 from __future__ import annotations
 
-import contextlib
 import json
 import statistics
-import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
-
-WARMUP = 3
-SUSTAIN = 3
-MODES = ("sync", "one_step_off", "async")
-
-
-def shipped_profile() -> Path:
-    return Path(__file__).resolve().parents[2] / "profiles" / "tiny-cpu.toml"
-
-
-@dataclass(frozen=True)
-class StepBenchConfig:
-    profile: str = ""  # empty: the shipped profiles/tiny-cpu.toml
-    steps: int = 200
-    val_every: int = 20
-    modes: tuple[str, ...] = MODES
-    against_trl: bool = False
-    prompts_per_step: int | None = None
-    n: int | None = None
-    lr: float | None = None
-    val_size: int | None = None
-    backend: str | None = None
-    max_staleness: int = 1
-    target: float = 0.8
-    out_dir: str = ""  # runs and the PNG; empty: a temporary directory (the PNG is then dropped)
-    overrides: tuple[str, ...] = field(default_factory=tuple)
-
-
-# -- measurements ------------------------------------------------------------------------------------
-def host_matmul_gflops(size: int = 1024, repeats: int = 5) -> float:
-    """Best fp32 ``torch.mm`` throughput of this host with the current thread count (GFLOP/s)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
-
-
-def matmul_params(model_path: str) -> int:
-    """Parameters that take part in a matrix multiply per token: all but the input embedding table
-    (a lookup), which counts once as the LM head when the two are tied."""
-    from rlctl.engines.hf_model import load_causal_lm
-
-    model = load_causal_lm(model_path, dtype="float32")
-    total = sum(p.numel() for p in model.parameters())
-    embed = model.get_input_embeddings().weight
-    head = model.get_output_embeddings()
-    tied = head is not None and head.weight is embed
-    return total if tied else total - embed.numel()
-
-
-def sustained_time(curve: list[tuple[float, float]], target: float) -> float | None:
-    """Training seconds of the first validation from which every later one (at least SUSTAIN,
-    itself included) stays >= target; None when the run never sustains it."""
-    for i, (t, _) in enumerate(curve):
-        rest = [acc for _, acc in curve[i:]]
-        if len(rest) >= SUSTAIN and all(acc >= target for acc in rest):
-            return t
-    return None
-
-
-def accuracy_at(curve: list[tuple[float, float]], seconds: float) -> float | None:
-    """The latest validated accuracy at or before ``seconds`` of training."""
-    seen = [acc for t, acc in curve if t <= seconds + 1e-9]
-    return seen[-1] if seen else None
-
-
-def summarise(
-    name: str,
-    step_s: list[float],
-    curve: list[tuple[float, float]],
-    *,
-    sequences: int,
-    tokens: list[float],
-    passes: float,
-    params: int,
-    peak_gflops: float,
-    target: float,
-    stages: dict[str, list[float]] | None = None,
-) -> dict[str, Any]:
-    """One row of the bench: medians over the steps after WARMUP, the curve and what follows from it."""
-    timed = step_s[WARMUP:] or step_s
-    med = statistics.median(timed)
-    tok = statistics.median(tokens[WARMUP:] or tokens) if tokens else 0.0
-    flops = 2.0 * params * tok * passes
-    return {
-        "name": name,
-        "steps": len(step_s),
-        "s_per_step": med,
-        "samples_per_s": sequences / med,
-        "train_s": sum(step_s),
-        "curve": [{"train_s": t, "accuracy": a} for t, a in curve],
-        "final_accuracy": curve[-1][1] if curve else None,
-        "time_to_sustained_s": sustained_time(curve, target),
-        "step_gflop": flops / 1e9,
-        "matmul_fraction": flops / med / (peak_gflops * 1e9) if peak_gflops else None,
-        "stages_s": {k: statistics.median(v[WARMUP:] or v) for k, v in sorted((stages or {}).items())},
-    }
+from rlctl.bench.step_common import (
+    StepBenchConfig,
+    accuracy_at,
+    bench_profile,
+    host_matmul_gflops,
+    matmul_params,
+    shipped_profile,
+    summarise,
+)
+from rlctl.bench.step_trl import run_trl
 
 
 # -- rlctl -------------------------------------------------------------------------------------------
-def _profile(cfg: StepBenchConfig, mode: str, out: Path):
-    from rlctl.profile import load_profile
-
-    sets = [
-        f"trainer.mode={mode}",
-        f"trainer.steps={cfg.steps}",
-        f"trainer.val_every={cfg.val_every}",
-        f"trainer.max_staleness={cfg.max_staleness}",
-        "trainer.save_every=0",
-        "trainer.export_hf=false",
-        "trainer.loggers=['jsonl']",
-        "trainer.log_samples=0",
-        f"run.output_dir={out}",
-        f"run.name=rlctl-{mode}",
-    ]
-    for key, value in (
-        ("trainer.prompts_per_step", cfg.prompts_per_step),
-        ("rollout.n", cfg.n),
-        ("actor.lr", cfg.lr),
-        ("data.val_size", cfg.val_size),
-        ("cluster.backend", cfg.backend),
-    ):
-        if value is not None:
-            sets.append(f"{key}={value}")
-    return load_profile(cfg.profile or shipped_profile(), [*sets, *cfg.overrides])
-
-
 def run_rlctl(cfg: StepBenchConfig, mode: str, out: Path, params: int, peak: float) -> dict[str, Any]:
     """Train ``mode`` on the profile and summarise its metrics.jsonl."""
     from rlctl.trainer.run import run_dir_for, train
 
-    profile = _profile(cfg, mode, out)
+    profile = bench_profile(cfg, mode, out)
     try:
         train(profile, resume="never")
     finally:
@@ -221,145 +99,6 @@ def _stop_ray() -> None:
         ray.shutdown()
 
 
-# -- TRL ---------------------------------------------------------------------------------------------
-def trl_settings(profile) -> dict[str, Any]:
-    """GRPOConfig keyword arguments mirroring the profile (trl 1.16.0, trl/trainer/grpo_config.py):
-    one generation of prompts x n completions per optimiser step, GRPO group-std advantages,
-    token-mean loss ("dapo": normalised by the batch's active tokens), no KL, constant lr."""
-    p = profile
-    return {
-        "per_device_train_batch_size": p.sequences_per_step,
-        "gradient_accumulation_steps": 1,
-        "num_generations": p.rollout.n,
-        "max_completion_length": p.rollout.max_new_tokens,
-        "temperature": p.rollout.temperature,
-        "top_p": p.rollout.top_p,
-        "top_k": p.rollout.top_k,
-        "learning_rate": p.actor.lr,
-        "lr_scheduler_type": "constant",
-        "warmup_steps": 0,
-        "weight_decay": p.actor.weight_decay,
-        "max_grad_norm": p.actor.grad_clip,
-        "beta": 0.0,
-        "epsilon": p.actor.clip_ratio_low,
-        "epsilon_high": p.actor.clip_ratio_high,
-        "num_iterations": p.actor.ppo_epochs,
-        "scale_rewards": "group" if p.algorithm.norm_adv_by_std else "none",
-        "loss_type": "dapo",
-        "max_steps": p.trainer.steps,
-        "seed": p.run.seed,
-        "use_cpu": True,
-        "bf16": False,
-        "report_to": [],
-        "save_strategy": "no",
-        "logging_steps": 10**9,
-        "disable_tqdm": True,
-        "log_completions": False,
-        "dataloader_num_workers": 0,
-    }
-
-
-def run_trl(cfg: StepBenchConfig, out: Path, params: int, peak: float) -> dict[str, Any]:
-    """TRL's GRPOTrainer on the same checkpoint, rows, template, reward and shape; evaluation runs
-    in a callback off the clock, through rlctl's own validation path (HF rollout engine, greedy,
-    the same scorer)."""
-    import copy
-
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from rlctl.data import load_dataset
-    from rlctl.dispatch import DataProto
-    from rlctl.engines.hf_model import load_causal_lm
-    from rlctl.engines.hf_rollout import HFRolloutEngine
-    from rlctl.trainer.setup.evaluate import scorer_for
-    from rlctl.trainer.setup.models import load_tokenizer, materialize_model, stop_token_ids
-    from rlctl.trainer.setup.prompts import load_prompts
-
-    profile = _profile(cfg, "sync", out)
-    model_path = materialize_model(profile.model.path, out / "trl-base", seed=profile.run.seed)
-    tokenizer = load_tokenizer(profile.model.tokenizer or model_path, profile.model.trust_remote_code)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    scorer = scorer_for(profile, tokenizer)
-    _, val = load_prompts(profile, tokenizer)
-    stops = stop_token_ids(model_path, tokenizer)
-    rows = load_dataset(profile.data.train, "train", seed=profile.run.seed)
-    data = Dataset.from_list(
-        [
-            {
-                "prompt": r["prompt"],
-                "ground_truth": r["reward_model"]["ground_truth"],
-                "source": r["data_source"],
-            }
-            for r in rows
-        ]
-    )
-
-    def exact_answer(prompts, completions, ground_truth, source, **_):
-        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return list(scorer.manager.score(list(source), texts, list(ground_truth)).scores)
-
-    def evaluate(model) -> float:
-        engine = HFRolloutEngine(copy.deepcopy(model).cpu())
-        out_ = engine.generate(
-            val.batch["input_ids"],
-            val.batch["attention_mask"],
-            max_new_tokens=profile.rollout.max_new_tokens,
-            greedy=True,
-            eos_token_id=stops,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        batch = DataProto.from_dict(tensors=out_, non_tensors=val.non_tensor)
-        scored, _ = scorer.score(batch, shaping=False)
-        return scored.batch["acc"].float().mean().item()
-
-    clock = {"step_s": [], "curve": [], "tokens": []}
-
-    class Clock(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, **kw):
-            clock["curve"].append((0.0, evaluate(model)))
-
-        def on_step_begin(self, args, state, control, **kw):
-            self.start = time.perf_counter()
-
-        def on_step_end(self, args, state, control, model=None, **kw):
-            clock["step_s"].append(time.perf_counter() - self.start)
-            s = state.global_step
-            if s % profile.trainer.val_every == 0 or s == args.max_steps:
-                clock["curve"].append((sum(clock["step_s"]), evaluate(model)))
-
-    settings = trl_settings(profile)
-    model = load_causal_lm(model_path, dtype="float32")
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=exact_answer,
-        args=GRPOConfig(output_dir=str(out / "trl"), **settings),
-        train_dataset=data,
-        processing_class=tokenizer,
-        callbacks=[Clock()],
-    )
-    with contextlib.redirect_stdout(sys.stderr):  # TRL prints its summary; stdout carries --json
-        trainer.train()
-    # tokens per step: prompts + completions, measured on the validation prompts' lengths (same task)
-    mean_prompt = float(val.batch["attention_mask"].sum(-1).float().mean())
-    tokens = profile.sequences_per_step * (mean_prompt + profile.rollout.max_new_tokens)
-    row = summarise(
-        "trl",
-        clock["step_s"],
-        clock["curve"],
-        sequences=profile.sequences_per_step,
-        tokens=[tokens],
-        passes=1 + 3,
-        params=params,
-        peak_gflops=peak,
-        target=cfg.target,
-    )
-    row["settings"] = {k: v for k, v in settings.items() if k not in ("report_to",)}
-    return row
-
-
 # -- the bench ---------------------------------------------------------------------------------------
 def run_step_bench(cfg: StepBenchConfig) -> dict[str, Any]:
     """Every requested run, then the ratios and (with an out_dir) the PNG of the curves."""
@@ -368,7 +107,7 @@ def run_step_bench(cfg: StepBenchConfig) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
         from rlctl.trainer.setup.models import materialize_model
 
-        base = _profile(cfg, "sync", out)
+        base = bench_profile(cfg, "sync", out)
         params = matmul_params(materialize_model(base.model.path, out / "params-base", seed=base.run.seed))
         peak = host_matmul_gflops()
         rows = [run_rlctl(cfg, mode, out, params, peak) for mode in cfg.modes]

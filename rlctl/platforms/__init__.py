@@ -6,7 +6,8 @@ metadata and vendor SMI answers from child processes. Entry point: ``resolve_pla
 
 from rlctl.platforms.base import Candidate, Platform, ProbeResult, Resolution
 from rlctl.platforms.host import Host
-from rlctl.platforms.pins import Facts, Pin, PinOutcome, evaluate_pin, load_pins
+from rlctl.platforms.pin_checks import evaluate_pin
+from rlctl.platforms.pins import Facts, Pin, PinOutcome, load_pins
 from rlctl.platforms.resolve import (
     BUILTINS,
     ENTRY_POINT_GROUP,

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from rlctl.bench.step import accuracy_at, ratios, summarise, sustained_time
+from rlctl.bench.step import ratios
+from rlctl.bench.step_common import accuracy_at, summarise, sustained_time
 from tests.cli_runner import run_cli
 
 TINY = (

@@ -1,0 +1,295 @@
+"""Evaluating one version pin against the host's facts: pure data -> ``PinOutcome``.
+
+One small function per pin ``kind`` (``_EVAL``); :func:`evaluate_pin` never raises, so doctor, the
+trainer's preflight and the tests share one verdict for every pin in ``pins.toml``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from rlctl.platforms.dists import Dist, parse_version
+from rlctl.platforms.pins import Facts, Pin, PinOutcome
+
+
+def _contains(spec: str, version: str) -> bool:
+    v = parse_version(version)
+    return v is not None and SpecifierSet(spec).contains(v, prereleases=True)
+
+
+def _release3(version: str | None) -> tuple[int, ...] | None:
+    v = parse_version(version)
+    return (tuple(v.release) + (0, 0, 0))[:3] if v else None
+
+
+def _installed(facts: Facts, name: str) -> Dist | None:
+    return facts.dists.get(name)
+
+
+def _version(pin: Pin, f: Facts) -> PinOutcome:
+    d = _installed(f, pin.params["package"])
+    if d is None:
+        return PinOutcome("n/a", f"{pin.params['package']} is not installed")
+    if _contains(pin.params["spec"], d.version):
+        return PinOutcome("ok", f"{d.name} {d.version} satisfies {pin.params['spec']}")
+    return PinOutcome("violated", f"{d.name} {d.version} violates {pin.params['spec']}: {pin.symptom}")
+
+
+def _own_requirement(pin: Pin, f: Facts) -> PinOutcome:
+    pkg, target = pin.params["package"], pin.params["target"]
+    d, t = _installed(f, pkg), _installed(f, target)
+    if d is None:
+        return PinOutcome("n/a", f"{pkg} is not installed")
+    if t is None:
+        return PinOutcome("violated", f"{pkg} {d.version} needs {target}, which is not installed")
+    req = d.requirement_on(target, any_extra=True)
+    spec = str(req.specifier) if req is not None else pin.params.get("known", {}).get(d.version)
+    if not spec:
+        return PinOutcome("ok", f"{pkg} {d.version} declares no version constraint on {target}")
+    if _contains(spec, t.version):
+        return PinOutcome("ok", f"{pkg} {d.version} wants {target}{spec}; {t.version} installed")
+    return PinOutcome(
+        "violated",
+        f"{pkg} {d.version} wants {target}{spec} but {target} {t.version} is installed: {pin.symptom}",
+    )
+
+
+def _same_base(pin: Pin, f: Facts) -> PinOutcome:
+    a, b = _installed(f, pin.params["package"]), _installed(f, pin.params["other"])
+    if a is None:
+        return PinOutcome("n/a", f"{pin.params['package']} is not installed")
+    if b is None:
+        return PinOutcome("violated", f"{a.name} {a.version} is installed but {pin.params['other']} is not")
+    ra, rb = _release3(a.version), _release3(b.version)
+    if ra is None or rb is None:
+        return PinOutcome("unknown", f"cannot parse {a.name} {a.version} / {b.name} {b.version}")
+    if ra == rb:
+        return PinOutcome("ok", f"{a.name} {a.version} matches {b.name} {b.version}")
+    return PinOutcome(
+        "violated", f"{a.name} {a.version} != {b.name} {b.version} (base version): {pin.symptom}"
+    )
+
+
+def _cuda_driver(pin: Pin, f: Facts) -> PinOutcome:
+    major = f.torch.cuda_major
+    if major is None:
+        return PinOutcome("n/a", f"torch is a {f.torch.flavour} build (no CUDA)")
+    cuda_driver, driver = f.details.get("cuda_driver"), f.details.get("driver_version")
+    if not cuda_driver or not driver:
+        return PinOutcome("unknown", "no NVIDIA driver version known (NVML did not answer)")
+    problems = []
+    if int(str(cuda_driver).split(".")[0]) < major:
+        problems.append(
+            f"torch is built for CUDA {f.torch.cuda}, the driver supports only CUDA {cuda_driver}"
+        )
+    floor = pin.params["floors"].get(str(major))
+    if floor and _release3(driver) < _release3(floor):
+        problems.append(f"driver {driver} is below {floor}, the floor for CUDA {major}.x")
+    if problems:
+        return PinOutcome("violated", "; ".join(problems) + f": {pin.symptom}")
+    return PinOutcome("ok", f"driver {driver} (CUDA {cuda_driver}) runs torch's CUDA {f.torch.cuda}")
+
+
+def _rocm(pin: Pin, f: Facts) -> PinOutcome:
+    pkg = pin.params.get("package")
+    if pkg and _installed(f, pkg) is None:
+        return PinOutcome("n/a", f"{pkg} is not installed")
+    have = f.details.get("rocm_version")
+    if not have:
+        return PinOutcome("unknown", "ROCm version unknown (no /opt/rocm/.info/version)")
+    if _release3(have) >= _release3(pin.params["min"]):
+        return PinOutcome("ok", f"ROCm {have} >= {pin.params['min']}")
+    return PinOutcome("violated", f"ROCm {have} < {pin.params['min']}: {pin.symptom}")
+
+
+def _rocm_arch(pin: Pin, f: Facts) -> PinOutcome:
+    have, archs = f.details.get("rocm_version"), list(f.details.get("gfx_archs", []))
+    if not archs:
+        return PinOutcome("unknown", "no GPU arch found in /sys/class/kfd topology")
+    if not have:
+        return PinOutcome("unknown", f"ROCm version unknown for {', '.join(archs)}")
+    bad = [
+        f"{a} needs ROCm >= {pin.params['arch_min'][a]}"
+        for a in archs
+        if a in pin.params["arch_min"] and _release3(have) < _release3(pin.params["arch_min"][a])
+    ]
+    if bad:
+        return PinOutcome("violated", f"ROCm {have}: {'; '.join(bad)}: {pin.symptom}")
+    return PinOutcome("ok", f"ROCm {have} supports {', '.join(archs)}")
+
+
+def normalize_cann(version: str | None) -> str:
+    """CANN versions as written by different files: quotes, spaces and case dropped
+    (``"8.3.RC1"`` in a quoted ``version=`` line and ``8.3.rc1`` compare equal)."""
+    return (version or "").strip().strip("\"'").strip().lower()
+
+
+def _public(version: str | None) -> Version | None:
+    v = parse_version(version)
+    return parse_version(v.public) if v is not None else None
+
+
+def _as_list(value: Any) -> list[str]:
+    return [str(x) for x in value] if isinstance(value, (list, tuple)) else [str(value)]
+
+
+def _matrix_cell_ok(name: str, have: str | None, want: list[str]) -> tuple[bool, str]:
+    """Does the installed ``have`` satisfy the row's ``want``? (ok, note)"""
+    if have is None:
+        return False, ""
+    if name == "cann":
+        return normalize_cann(have) in {normalize_cann(w) for w in want}, ""
+    if name in ("torch", "torch-npu"):
+        # same release is what the row pins; a different .postN build of the same release is noted
+        ok = any(_release3(have) == _release3(w) for w in want)
+        exact = any(_public(have) == _public(w) for w in want)
+        return ok, "" if exact or not ok else f"{name} {have} (row lists {'/'.join(want)})"
+    return any(_public(have) == _public(w) for w in want), ""
+
+
+def _matrix(pin: Pin, f: Facts) -> PinOutcome:
+    """The installed package's row of a compatibility matrix; ``check`` names the columns."""
+    d = _installed(f, pin.params["package"])
+    if d is None:
+        return PinOutcome("n/a", f"{pin.params['package']} is not installed")
+    mine = _public(d.version)
+    row = next((r for r in pin.params["rows"] if _public(str(r.get(d.name))) == mine), None)
+    if row is None:
+        known = ", ".join(str(r.get(d.name)) for r in pin.params["rows"][:3])
+        return PinOutcome(
+            "unknown",
+            f"{d.name} {d.version} is not in rlctl's copy of the matrix (newest rows: {known}); "
+            f"{pin.params.get('matrix_source', '')}".rstrip("; "),
+        )
+    bad, notes = [], []
+    for name in pin.params["check"]:
+        want = _as_list(row.get(name, []))
+        have = f.details.get("cann_version") if name == "cann" else f.dists.version(name)
+        ok, note = _matrix_cell_ok(name, have, want)
+        if not ok:
+            bad.append(f"{name} {have or 'missing'} (wants {' or '.join(want)})")
+        elif note:
+            notes.append(note)
+    if bad:
+        return PinOutcome("violated", f"{d.name} {d.version}: {', '.join(bad)}: {pin.symptom}")
+    cols = ", ".join(f"{n} {'/'.join(_as_list(row.get(n, [])))}" for n in pin.params["check"])
+    extra = f"; note: {'; '.join(notes)}" if notes else ""
+    return PinOutcome("ok", f"{d.name} {d.version} row matches ({cols}){extra}")
+
+
+def _env(pin: Pin, f: Facts) -> PinOutcome:
+    var, want = pin.params["variable"], pin.params["value"]
+    have = f.env.get(var)
+    if have is None or have == want:
+        return PinOutcome("ok", f"{var} is {'unset' if have is None else want}")
+    return PinOutcome("violated", f"{var}={have} (expected {want} or unset): {pin.symptom}")
+
+
+def _env_default(pin: Pin, f: Facts) -> PinOutcome:
+    """rlctl sets ``variable=value`` for the workers only when the user has not set it."""
+    var, default = pin.params["variable"], pin.params["value"]
+    have = f.env.get(var)
+    if have is None:
+        return PinOutcome("ok", f"{var} is unset: rlctl sets {var}={default} for the worker processes")
+    if have == default:
+        return PinOutcome("ok", f"{var}={have} (rlctl's default too)")
+    return PinOutcome("ok", f"{var}={have} is yours and is kept (rlctl's default is {default})")
+
+
+def _env_unset(pin: Pin, f: Facts) -> PinOutcome:
+    var = pin.params["variable"]
+    unless = [u for u in pin.params.get("unless", []) if u in f.env]
+    if var in f.env and unless:
+        return PinOutcome("ok", f"{var} is set, but so is {unless[0]}, which takes precedence")
+    if var in f.env:
+        return PinOutcome("violated", f"{var} is set: {pin.symptom}")
+    return PinOutcome("ok", f"{var} is unset")
+
+
+def _env_ignored(pin: Pin, f: Facts) -> PinOutcome:
+    """``variable`` set although the installed ``package`` never reads it (its ``file`` is read)."""
+    var, pkg = pin.params["variable"], pin.params["package"]
+    if var not in f.env:
+        return PinOutcome("ok", f"{var} is unset")
+    d = _installed(f, pkg)
+    if d is None:
+        return PinOutcome("n/a", f"{var} is set; {pkg} is not installed")
+    path = f.dists.locate(pkg, pin.params["file"])
+    if path is None:
+        return PinOutcome("unknown", f"{var} is set; cannot read {pin.params['file']} of {pkg} {d.version}")
+    if var in path.read_text(encoding="utf-8", errors="replace"):
+        return PinOutcome("ok", f"{var} is set and {pkg} {d.version} reads it ({pin.params['file']})")
+    return PinOutcome(
+        "violated", f"{var} is set but {pkg} {d.version} never reads it ({pin.params['file']}): {pin.symptom}"
+    )
+
+
+def _wheel_flavour(pin: Pin, f: Facts) -> PinOutcome:
+    d = _installed(f, pin.params["package"])
+    if d is None:
+        return PinOutcome("n/a", f"{pin.params['package']} is not installed")
+    v = parse_version(d.version)
+    local = (v.local or "") if v else ""
+    cuda_deps = [r.name for r in d.requirements() if r.name.lower().startswith(("nvidia-", "cupy-cuda"))]
+    want = pin.params["flavour"]
+    if want in local:
+        return PinOutcome("ok", f"{d.name} {d.version} is a {want} build")
+    if local.startswith("cu") or cuda_deps:
+        why = f"local tag +{local}" if local.startswith("cu") else f"requires {', '.join(cuda_deps[:2])}"
+        return PinOutcome("violated", f"{d.name} {d.version} is a CUDA build ({why}): {pin.symptom}")
+    return PinOutcome("unknown", f"{d.name} {d.version}: cannot tell its build flavour")
+
+
+def _forbidden(pin: Pin, f: Facts) -> PinOutcome:
+    d = _installed(f, pin.params["package"])
+    if d is None:
+        return PinOutcome("ok", f"{pin.params['package']} is not installed")
+    return PinOutcome("violated", f"{d.name} {d.version} is installed: {pin.symptom}")
+
+
+def _import(pin: Pin, f: Facts) -> PinOutcome:
+    d = _installed(f, pin.params["package"])
+    if d is None:
+        return PinOutcome("n/a", f"{pin.params['package']} is not installed")
+    if f.imports is None or pin.params["module"] not in f.imports:
+        return PinOutcome("unknown", f"import of {pin.params['module']} not tried (rlctl doctor --deep)")
+    err = f.imports[pin.params["module"]]
+    if not err:
+        return PinOutcome("ok", f"{pin.params['module']} imports")
+    return PinOutcome("violated", f"import {pin.params['module']} failed: {err}: {pin.symptom}")
+
+
+_EVAL: dict[str, Callable[[Pin, Facts], PinOutcome]] = {
+    "version": _version,
+    "own-requirement": _own_requirement,
+    "same-base": _same_base,
+    "cuda-driver": _cuda_driver,
+    "rocm": _rocm,
+    "rocm-arch": _rocm_arch,
+    "matrix": _matrix,
+    "env": _env,
+    "env-default": _env_default,
+    "env-unset": _env_unset,
+    "env-ignored": _env_ignored,
+    "wheel-flavour": _wheel_flavour,
+    "forbidden": _forbidden,
+    "import": _import,
+}
+
+
+def evaluate_pin(pin: Pin, facts: Facts) -> PinOutcome:
+    """Check one pin; never raises (an evaluation bug becomes ``unknown`` with the error)."""
+    if not pin.applies_to(facts.platform):
+        return PinOutcome("n/a", f"applies to {', '.join(pin.platforms)} only")
+    for pkg, spec in (pin.params.get("only_if") or {}).items():
+        have = facts.dists.version(pkg)
+        if have is None or not _contains(spec, have):
+            return PinOutcome("n/a", f"applies only with {pkg}{spec} ({pkg} {have or 'not installed'})")
+    try:
+        return _EVAL[pin.kind](pin, facts)
+    except Exception as exc:  # keep doctor alive on odd metadata
+        return PinOutcome("unknown", f"could not evaluate: {type(exc).__name__}: {exc}")
