@@ -31,11 +31,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from rlctl.bench.reshard_device import (  # noqa: F401  (re-exported: tests and the CLI use them from here)
+from rlctl.bench.reshard_device import (
     BenchDevice,
     fit_layers,
     memory_budget,
-    resolve_device,
+    resolve_device,  # noqa: F401  (the CLI takes it from here; tests patch it here)
     scale_layers,
     skip_reason,
     with_layers,

@@ -18,7 +18,7 @@ from rlctl.engines.safe_checkpoint import SafeLoadPlanner, check_dcp_metadata, s
 from rlctl.errors import DiskFullError, RunError, UserError
 
 
-class FSDPTrainEngine(Protocol):
+class TrainEngineState(Protocol):
     """What these functions read and set on the training engine (``fsdp_train.FSDPTrainEngine``),
     named here so this module needs no import of it (the engine calls into this one)."""
 
@@ -31,6 +31,7 @@ class FSDPTrainEngine(Protocol):
     arch_name: str | None
     model_path: Path
     device: torch.device
+
 
 EXTRA_STATE = "rlctl_engine_state.pt"
 TOKENIZER_FILES = (
@@ -82,7 +83,7 @@ def checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict
     return {"model": model_sd, "optim": optim_sd}
 
 
-def save_checkpoint(engine: FSDPTrainEngine, path: Path) -> None:
+def save_checkpoint(engine: TrainEngineState, path: Path) -> None:
     """DCP save of model + optimizer; scheduler and step go in a small file written by rank 0.
 
     A failure is one line naming ``path`` and the rank (DCP's ``CheckpointException`` unwrapped);
@@ -126,7 +127,7 @@ def _from_rank0(value: str) -> str:
     return box[0]
 
 
-def load_checkpoint(engine: FSDPTrainEngine, path: Path) -> None:
+def load_checkpoint(engine: TrainEngineState, path: Path) -> None:
     """DCP load into the current (sharded) model and optimizer, then the schedule and step."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -164,7 +165,7 @@ def _full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def save_hf(engine: FSDPTrainEngine, path: Path, tokenizer=None) -> None:
+def save_hf(engine: TrainEngineState, path: Path, tokenizer=None) -> None:
     """Write a ``save_pretrained`` directory; a critic also writes ``value_head.pt``."""
     state = _full_state_dict(engine.model)
     if _rank() == 0:
@@ -197,7 +198,7 @@ def _fix_architecture(path: Path, arch_name: str | None) -> None:
     cfg_file.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def move_engine(engine: FSDPTrainEngine, device: torch.device) -> None:
+def move_engine(engine: TrainEngineState, device: torch.device) -> None:
     """Move parameters, gradients and optimizer state; a no-op for a CPU engine."""
     if engine.device.type == "cpu":
         return

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata as md
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rlctl.errors import UserError
@@ -30,9 +30,6 @@ BUILTINS: dict[str, str] = {
     "cpu": "rlctl.platforms.cpu:CpuPlatform",
 }
 ALIASES = {"cuda": "nvidia", "amd": "rocm", "hip": "rocm", "npu": "ascend"}
-
-
-Factory = Callable[..., Platform]
 
 
 def builtin_platform(name: str, host: Host) -> Platform:
