@@ -62,6 +62,30 @@ class Candidate:
     reason: str
 
 
+@dataclass(frozen=True)
+class EngineSettings:
+    """What one engine is told on this platform: the kernel it runs (``None``: the engine's own
+    choice), the constructor keywords that select it, the environment its processes need, and the
+    source (file and version of the engine's code) the setting was read from."""
+
+    engine: str
+    kernel: str | None
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    reason: str = ""
+    source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "kernel": self.kernel,
+            "engine_kwargs": dict(self.engine_kwargs),
+            "env": dict(self.env),
+            "reason": self.reason,
+            "source": self.source,
+        }
+
+
 def choose(options: list[tuple[str, bool, str]]) -> list[Candidate]:
     """Mark the first usable option as chosen; the others say why not (or that one came first)."""
     out: list[Candidate] = []
@@ -159,6 +183,15 @@ class Platform:
             if c.chosen:
                 return c.name
         return "eager"
+
+    def engine_settings(self, engine: str) -> EngineSettings:
+        """The kernel setting ``engine`` (``hf`` | ``fsdp`` | ``vllm`` | ``sglang``) accepts on this
+        platform. The transformers engines (training, HF rollout) take :meth:`attention_impl`;
+        an external engine is left to its own choice unless a vendor plugin knows better."""
+        if engine in ("hf", "fsdp"):
+            impl = self.attention_impl()
+            return EngineSettings(engine, impl, {"attn_implementation": impl}, reason="platform choice")
+        return EngineSettings(engine, None, reason="the engine's own choice")
 
     def rollout_attention_candidates(self) -> list[Candidate]:
         """vLLM attention backends in preference order (empty where vLLM does not run)."""
