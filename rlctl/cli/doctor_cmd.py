@@ -44,7 +44,8 @@ class _JsonAwareCommand(click.Command):
     "profile_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Take platform.vendor from this profile (when --vendor is auto).",
+    help="Check the run this profile resolves to (its platform, engines, pins, memory: the plan "
+    "`rlctl train` builds); --vendor other than auto checks that platform only.",
 )
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds for each --deep child process.")
 @click.option("-v", "--verbose", is_flag=True, help="Show skipped optional packages and pins too.")
@@ -63,12 +64,19 @@ def doctor(
     from rlctl.platforms import resolve_platform
 
     log = get_logger("rlctl.doctor")
+    plan, plan_error = None, None
     try:
         if profile_path and vendor == "auto":
             from rlctl.profile import load_profile
+            from rlctl.trainer.plan.run_plan import resolve_plan
 
-            vendor = load_profile(profile_path).platform.vendor
-        platform = resolve_platform(vendor)
+            profile = load_profile(profile_path)
+            vendor = profile.platform.vendor
+            try:  # the run's own resolution: doctor shows the plan `rlctl train` would build
+                plan = resolve_plan(profile)
+            except RlctlError as exc:
+                plan_error = str(exc).partition("\n")[0]
+        platform = plan.platform_object if plan is not None else resolve_platform(vendor)
     except RlctlError as exc:
         if as_json:
             _json_error(str(exc).partition("\n")[0], exc.exit_code)
@@ -76,7 +84,7 @@ def doctor(
     log.debug("platform resolved", platform=platform.name, reason=platform.resolution.reason)
     if deep:
         log.info("running deep checks", timeout_s=timeout)
-    report = run_doctor(platform, deep_checks=deep, timeout=timeout)
+    report = run_doctor(platform, deep_checks=deep, timeout=timeout, plan=plan, plan_error=plan_error)
     if as_json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
     else:

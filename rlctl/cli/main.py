@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "eval": ("rlctl.cli.eval_cmd", "eval_", "Greedy accuracy on the validation split."),
     "report": ("rlctl.cli.report_cmd", "report", "Plots and a summary of a run directory."),
     "doctor": ("rlctl.cli.doctor_cmd", "doctor", "Check drivers, engines and version pins."),
+    "plan": ("rlctl.cli.plan_cmd", "plan", "The run a profile resolves to: engines, memory, fit checks."),
     "bench": ("rlctl.cli.bench_cmd", "bench", "Side-by-side benchmarks."),
     "model": ("rlctl.cli.model_cmd", "model", "Build the built-in tiny models; import GGUF checkpoints."),
 }

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlctl.doctor import checks_host, checks_packages, checks_sandbox, deep
-from rlctl.doctor.check import CheckResult, Verdict, skipped
+from rlctl.doctor.check import CheckResult, Verdict, failed, passed, skipped, warned
 from rlctl.platforms import Platform
+from rlctl.trainer.plan.run_plan import RunPlan
 
 DEEP_TIMEOUT_S = 120.0
 
@@ -18,6 +19,8 @@ class Report:
 
     platform: Platform
     checks: list[CheckResult] = field(default_factory=list)
+    plan: RunPlan | None = None  # with --profile: the run's plan, exactly as `rlctl train` builds it
+    plan_error: str | None = None  # with --profile: why no plan resolved on this host
 
     @property
     def exit_code(self) -> int:
@@ -39,13 +42,35 @@ class Report:
                 },
             },
             "checks": [c.to_dict() for c in self.checks],
+            "plan": self.plan.to_dict() if self.plan is not None else None,
             "summary": self.counts(),
             "exit_code": self.exit_code,
         }
 
 
-def run_doctor(platform: Platform, deep_checks: bool = False, timeout: float = DEEP_TIMEOUT_S) -> Report:
-    """All checks, in report order; ``deep_checks`` adds imports, device count and a collective."""
+def plan_rows(plan: RunPlan | None, error: str | None) -> list[CheckResult]:
+    """The run plan's checks as doctor rows (category ``plan``); a plan that did not resolve
+    on this host is one FAIL row with its reason."""
+    if error is not None:
+        return [failed("plan", error, "fix the profile or run on the hardware it names", "plan")]
+    rows: list[CheckResult] = []
+    for c in plan.checks if plan is not None else []:
+        make = {"PASS": lambda: passed(f"plan:{c.name}", c.detail, "plan"),
+                "WARN": lambda: warned(f"plan:{c.name}", c.detail, c.fix, "plan"),
+                "FAIL": lambda: failed(f"plan:{c.name}", c.detail, c.fix, "plan")}[c.verdict]
+        rows.append(make())
+    return rows
+
+
+def run_doctor(
+    platform: Platform,
+    deep_checks: bool = False,
+    timeout: float = DEEP_TIMEOUT_S,
+    plan: RunPlan | None = None,
+    plan_error: str | None = None,
+) -> Report:
+    """All checks, in report order; ``deep_checks`` adds imports, device count and a collective.
+    With a profile's ``plan`` (``rlctl doctor --profile``) its checks come last."""
     p = platform
     rows: list[CheckResult] = [
         checks_host.check_platform(p),
@@ -74,7 +99,9 @@ def run_doctor(platform: Platform, deep_checks: bool = False, timeout: float = D
         rows.append(deep.check_ray_listen(timeout))
     else:
         rows.append(skipped("deep", "imports, device count, collective and Ray's listen addresses not run (use --deep)", "deep"))
-    return Report(p, rows)
+    if plan is not None or plan_error is not None:
+        rows += plan_rows(plan, plan_error)
+    return Report(p, rows, plan=plan, plan_error=plan_error)
 
 
 _STYLE = {Verdict.PASS: "green", Verdict.WARN: "yellow", Verdict.FAIL: "bold red", Verdict.SKIP: "dim"}
@@ -99,6 +126,12 @@ def render(report: Report, console: Any, verbose: bool = False) -> None:
         console.print(
             f"  probe {name}: {'found' if probe.found else 'not found'}: {probe.reason}", highlight=False
         )
+    if report.plan is not None:
+        from rlctl.trainer.plan.render import plan_lines
+
+        for line in plan_lines(report.plan):
+            if not line.startswith("  PASS") and not line.startswith("checks:"):
+                console.print(escape(line), highlight=False, soft_wrap=True)
     table = Table(show_lines=False, expand=False)
     for col in ("check", "verdict", "reason", "fix"):
         table.add_column(col, overflow="fold")

@@ -21,6 +21,7 @@ def train(
     from dataclasses import replace
 
     from rlctl.trainer.loops.modes import trainer_class
+    from rlctl.trainer.plan.run_plan import refuse_failures, resolve_plan
     from rlctl.trainer.setup.context import build_context
     from rlctl.trainer.setup.models import materialize_model
     from rlctl.trainer.state.checkpoint import find_resume_point
@@ -28,12 +29,16 @@ def train(
     run_dir = run_dir_for(profile, output_dir)
     if resume not in ("auto", "never"):
         find_resume_point(run_dir, resume)  # a bad --resume PATH fails here, before any worker starts
+    plan = resolve_plan(profile)
+    refuse_failures(plan)  # one line naming each FAIL check and its fix; no worker has started
     run_dir.mkdir(parents=True, exist_ok=True)
     model_path = materialize_model(profile.model.path, run_dir / "base_model", seed=profile.run.seed)
     profile = replace(profile, model=replace(profile.model, path=model_path))
     (run_dir / "profile.toml").write_text(profile_to_toml(profile))
-    log.info("run directory", path=str(run_dir))
-    ctx = build_context(profile, run_dir)
+    plan.write(run_dir / "plan.json")
+    log.info("run directory", path=str(run_dir), plan="plan.json", predicted_peak_gib=plan.memory.get(
+        "predicted_peak_gib"))
+    ctx = build_context(profile, run_dir, plan)
     try:
         return trainer_class(profile)(ctx, max_steps=max_steps, resume=resume).fit()
     finally:

@@ -136,6 +136,9 @@ class OffPolicyTrainer(Trainer):
             self.rollout_group.shutdown()
             pool.release()
 
+    def memory_groups(self) -> dict:
+        return {**super().memory_groups(), "rollout": self.rollout_group}
+
     def train_step(self, step: int) -> dict[str, float]:
         metrics = super().train_step(step)
         start = time.perf_counter()

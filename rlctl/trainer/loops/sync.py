@@ -25,6 +25,7 @@ from rlctl.trainer.setup.context import RunContext
 from rlctl.trainer.state import checkpoint
 from rlctl.trainer.state.fingerprint import LogProbGapAlarm, merge_sync_metrics, skipped_tensor
 from rlctl.trainer.state.samples import SampleLog
+from rlctl.trainer.step.memory import peak_memory_metrics
 from rlctl.trainer.step.minibatch import layout_mini_batches
 from rlctl.trainer.step.stages import (
     StageTimer,
@@ -106,6 +107,7 @@ class Trainer:
                 self.step += 1
                 if self._due(self.p.trainer.val_every):
                     metrics.update(self.validate())
+                metrics.update(peak_memory_metrics(self.memory_groups()))
                 self.tracker.log(metrics, step=self.step)
                 last = metrics
                 if self._due(self.p.trainer.save_every) or stop.requested:
@@ -116,6 +118,10 @@ class Trainer:
             self.ctx.policy.export_hf(str(self.ctx.run_dir / "hf"))
             self.ctx.tokenizer.save_pretrained(str(self.ctx.run_dir / "hf"))
         return last
+
+    def memory_groups(self) -> dict:
+        """The worker groups whose peak memory each step logs (``memory/*``)."""
+        return {"policy": self.ctx.policy, "ref": self.ctx.ref, "critic": self.ctx.critic}
 
     def train_step(self, step: int) -> dict[str, float]:
         timer = StageTimer()

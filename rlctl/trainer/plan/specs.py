@@ -6,10 +6,14 @@ worker code serves any front end.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from rlctl.engines.optim import OptimConfig
 from rlctl.profile.schema import Profile
+
+if TYPE_CHECKING:
+    from rlctl.trainer.plan.run_plan import RunPlan
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class RolloutSpec:
     dtype: str = "float32"
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
+    # the platform's keywords for this engine (EngineSettings.engine_kwargs, from the run plan)
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,7 @@ def build_specs(
     attn: str,
     dist_backend: str,
     rollout_engine: str = "hf",
+    rollout_kwargs: dict[str, Any] | None = None,
 ) -> RoleSpecs:
     """Translate the profile's flat sections into the specs each role's worker receives.
 
@@ -179,6 +186,7 @@ def build_specs(
             dtype=dtype,
             tensor_parallel_size=p.rollout.tensor_parallel,
             gpu_memory_utilization=p.rollout.gpu_memory_utilization,
+            engine_kwargs=dict(rollout_kwargs or {}),
         ),
     )
     ref = None
@@ -215,3 +223,18 @@ def build_specs(
             norm_constant=float(p.rollout.max_new_tokens),
         )
     return RoleSpecs(policy=policy, ref=ref, critic=critic)
+
+
+def specs_from_plan(profile: Profile, plan: RunPlan) -> RoleSpecs:
+    """The specs of exactly the run ``plan`` resolved: its device, dtype, the actor's kernel, the
+    collective backend, the rollout engine and that engine's keywords (nothing re-resolved)."""
+    rollout = plan.roles["rollout"]
+    return build_specs(
+        profile,
+        device_type=plan.device_type,
+        dtype=plan.dtype,
+        attn=plan.roles["actor"].kernel or "sdpa",
+        dist_backend=plan.dist_backend,
+        rollout_engine=rollout.engine,
+        rollout_kwargs=rollout.settings.engine_kwargs,
+    )

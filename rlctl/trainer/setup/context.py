@@ -11,8 +11,8 @@ from rlctl.dispatch.pool import ResourcePool
 from rlctl.errors import UserError
 from rlctl.log import get_logger
 from rlctl.profile.schema import Profile
-from rlctl.trainer.plan import choices
-from rlctl.trainer.plan.specs import build_specs
+from rlctl.trainer.plan.run_plan import RunPlan, resolve_plan
+from rlctl.trainer.plan.specs import specs_from_plan
 from rlctl.trainer.setup.evaluate import scorer_for
 from rlctl.trainer.setup.models import load_tokenizer, stop_token_ids
 from rlctl.trainer.setup.prompts import PromptSource, load_prompts
@@ -36,6 +36,7 @@ class RunContext:
     critic: WorkerGroup | None
     stop_ids: list[int]  # every token that ends a response (see models.stop_token_ids)
     pool: ResourcePool | None = None  # the groups' placement groups, released at shutdown
+    plan: RunPlan | None = None  # what the workers were built from (RUN_DIR/plan.json)
 
     def sampling(self, validation: bool = False) -> dict[str, Any]:
         """Sampling parameters sent with each generation request (validation: val_temperature)."""
@@ -75,9 +76,11 @@ def _check_rollout_log_probs(profile: Profile, policy: WorkerGroup) -> None:
         )
 
 
-def build_context(profile: Profile, run_dir: Path) -> RunContext:
-    """Resolve the platform, load data and reward, spawn the colocated worker groups."""
-    platform = choices.usable_platform(profile)
+def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) -> RunContext:
+    """Load data and reward, spawn the colocated worker groups ``plan`` names (resolved here
+    when the caller has none)."""
+    plan = plan or resolve_plan(profile)
+    platform = plan.platform_object
     tokenizer = load_tokenizer(
         profile.model.tokenizer or profile.model.path,
         profile.model.trust_remote_code,
@@ -89,18 +92,8 @@ def build_context(profile: Profile, run_dir: Path) -> RunContext:
 
         check_sources(train.batcher.dataset.data_sources())
     scorer = scorer_for(profile, tokenizer)
-    dtype = choices.compute_dtype(profile, platform)
-    engine = choices.rollout_engine(profile, platform)
-    choices.check_engine_keys(profile, engine)
-    attn = profile.platform.attention if profile.platform.attention != "auto" else platform.attention_impl()
-    specs = build_specs(
-        profile,
-        device_type=platform.device_type,
-        dtype=dtype,
-        attn=attn,
-        dist_backend=platform.dist_backend,
-        rollout_engine=engine,
-    )
+    specs = specs_from_plan(profile, plan)
+    dtype, attn, engine = plan.dtype, specs.policy.engine.attn_implementation, specs.policy.rollout.engine
     roles: dict[str, type] = {"policy": PolicyWorker}
     init: dict[str, dict] = {"policy": {"spec": specs.policy}}
     if specs.ref is not None:
@@ -108,7 +101,7 @@ def build_context(profile: Profile, run_dir: Path) -> RunContext:
     if specs.critic is not None:
         roles["critic"], init["critic"] = CriticWorker, {"spec": specs.critic}
     c = profile.cluster
-    pool = ResourcePool(nodes=c.nodes, devices_per_node=c.devices_per_node, resource=platform.ray_resource)
+    pool = ResourcePool(nodes=c.nodes, devices_per_node=c.devices_per_node, resource=plan.ray_resource)
     log.info(
         "starting workers",
         platform=platform.name,
@@ -125,7 +118,7 @@ def build_context(profile: Profile, run_dir: Path) -> RunContext:
         mesh={"dp": pool.world_size},
         backend=c.backend,
         init_kwargs=init,
-        env=platform.rollout_env(),
+        env=plan.env,
         address=c.address,
         default_timeout=c.call_timeout_s,
     )
@@ -151,4 +144,5 @@ def build_context(profile: Profile, run_dir: Path) -> RunContext:
         critic=groups.get("critic"),
         stop_ids=stop_token_ids(profile.model.path, tokenizer),
         pool=pool,
+        plan=plan,
     )

@@ -26,6 +26,7 @@ from rlctl.trainer.state.fingerprint import SyncCheck, without
 from rlctl.trainer.step.minibatch import MINI_BATCH_ROWS, split_mini_batches
 from rlctl.trainer.step.stages import mean_metrics
 from rlctl.trainer.workers.losses import make_actor_loss, make_critic_loss
+from rlctl.trainer.workers.memory import PeakMemory
 
 SYNC_STATE = "sync.json"  # the actor's weight version, beside its checkpoint
 
@@ -76,7 +77,8 @@ def _cpu_threads(worker: Worker, spec: EngineSpec, side: str = "train") -> int |
 
 
 def rollout_engine(spec: Any) -> Any:
-    """The rollout engine a policy spec names (engine registry), loaded from the spec's model."""
+    """The rollout engine a policy spec names (engine registry), loaded from the spec's model with
+    the plan's keywords for that engine (``RolloutSpec.engine_kwargs``) over the actor's kernel."""
     cls = get_engine(
         "rollout", _model_type(spec.engine.model_path), spec.rollout.engine, spec.engine.device_type
     )
@@ -84,7 +86,7 @@ def rollout_engine(spec: Any) -> Any:
         spec.engine.model_path,
         device=spec.engine.device_type,
         dtype=spec.rollout.dtype,
-        attn_implementation=spec.engine.attn_implementation,
+        **{"attn_implementation": spec.engine.attn_implementation, **spec.rollout.engine_kwargs},
         trust_remote_code=spec.engine.trust_remote_code,
         tensor_parallel_size=spec.rollout.tensor_parallel_size,
         gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
@@ -132,7 +134,7 @@ def _mini_batches(batch: DataProto, view: dict[str, torch.Tensor]) -> list[dict[
     return split_mini_batches(view, batch.meta.get(MINI_BATCH_ROWS))
 
 
-class PolicyWorker(Worker):
+class PolicyWorker(PeakMemory, Worker):
     """Actor (FSDP2 training engine) + rollout engine, colocated; weights move in memory."""
 
     def __init__(self, spec: PolicySpec) -> None:
@@ -293,7 +295,7 @@ class PolicyWorker(Worker):
         self.actor.save_hf(path)
 
 
-class ReferenceWorker(Worker):
+class ReferenceWorker(PeakMemory, Worker):
     """The frozen reference policy: log-probs only."""
 
     def __init__(self, spec: RefSpec) -> None:
@@ -312,7 +314,7 @@ class ReferenceWorker(Worker):
         return DataProto.from_dict(tensors={"ref_log_probs": out["log_probs"]})
 
 
-class CriticWorker(Worker):
+class CriticWorker(PeakMemory, Worker):
     """The value model of PPO: values and its own optimiser steps."""
 
     def __init__(self, spec: CriticSpec) -> None:

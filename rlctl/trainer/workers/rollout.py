@@ -21,12 +21,12 @@ import torch
 
 from rlctl.dispatch import DataProto, Dispatch, Worker, WorkerGroup, register, spawn_colocated
 from rlctl.dispatch.pool import ResourcePool
-from rlctl.trainer.plan import choices
-from rlctl.trainer.plan.specs import PolicySpec, build_specs
+from rlctl.trainer.plan.specs import PolicySpec, specs_from_plan
+from rlctl.trainer.workers.memory import PeakMemory
 from rlctl.trainer.workers.roles import _cpu_threads, rollout_engine, sample_rows
 
 
-class RolloutWorker(Worker):
+class RolloutWorker(PeakMemory, Worker):
     """One rank's rollout engine, fed weights by the driver; no training engine."""
 
     def __init__(self, spec: PolicySpec) -> None:
@@ -61,19 +61,11 @@ class RolloutWorker(Worker):
 def spawn_rollout_group(ctx) -> tuple[WorkerGroup, ResourcePool]:
     """The run's rollout workers on a pool of their own (same shape and platform as the trainer's);
     the caller shuts the group down, then releases the pool."""
-    p, platform = ctx.profile, ctx.platform
-    attn = p.platform.attention if p.platform.attention != "auto" else platform.attention_impl()
-    specs = build_specs(
-        p,
-        device_type=platform.device_type,
-        dtype=choices.compute_dtype(p, platform),
-        attn=attn,
-        dist_backend=platform.dist_backend,
-        rollout_engine=choices.rollout_engine(p, platform),
-    )
+    p = ctx.profile
+    specs = specs_from_plan(p, ctx.plan)  # the run's plan, not a second resolution
     c = p.cluster
     pool = ResourcePool(
-        nodes=c.nodes, devices_per_node=c.devices_per_node, resource=platform.ray_resource, name="rollout"
+        nodes=c.nodes, devices_per_node=c.devices_per_node, resource=ctx.plan.ray_resource, name="rollout"
     )
     group = spawn_colocated(
         pool,
@@ -81,7 +73,7 @@ def spawn_rollout_group(ctx) -> tuple[WorkerGroup, ResourcePool]:
         mesh={"dp": pool.world_size},
         backend=c.backend,
         init_kwargs={"rollout": {"spec": specs.policy}},
-        env=platform.rollout_env(),
+        env=ctx.plan.env,
         address=c.address,
         default_timeout=c.call_timeout_s,
     )["rollout"]
