@@ -55,10 +55,13 @@ def plan_rows(plan: RunPlan | None, error: str | None) -> list[CheckResult]:
         return [failed("plan", error, "fix the profile or run on the hardware it names", "plan")]
     rows: list[CheckResult] = []
     for c in plan.checks if plan is not None else []:
-        make = {"PASS": lambda: passed(f"plan:{c.name}", c.detail, "plan"),
-                "WARN": lambda: warned(f"plan:{c.name}", c.detail, c.fix, "plan"),
-                "FAIL": lambda: failed(f"plan:{c.name}", c.detail, c.fix, "plan")}[c.verdict]
-        rows.append(make())
+        name = f"plan:{c.name}"
+        if c.verdict == "PASS":
+            rows.append(passed(name, c.detail, "plan"))
+        elif c.verdict == "WARN":
+            rows.append(warned(name, c.detail, c.fix, "plan"))
+        else:
+            rows.append(failed(name, c.detail, c.fix, "plan"))
     return rows
 
 
@@ -98,7 +101,13 @@ def run_doctor(
         rows.append(deep.check_collective(p, timeout))
         rows.append(deep.check_ray_listen(timeout))
     else:
-        rows.append(skipped("deep", "imports, device count, collective and Ray's listen addresses not run (use --deep)", "deep"))
+        rows.append(
+            skipped(
+                "deep",
+                "imports, device count, collective and Ray's listen addresses not run (use --deep)",
+                "deep",
+            )
+        )
     if plan is not None or plan_error is not None:
         rows += plan_rows(plan, plan_error)
     return Report(p, rows, plan=plan, plan_error=plan_error)

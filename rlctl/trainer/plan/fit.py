@@ -50,41 +50,70 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         checks.append(Check(name, PASS if ok else FAIL, detail, "" if ok else fix))
 
     # ---- divisibility
-    check("ranks / rollout.tensor_parallel", world % tp == 0,
-          f"{world} rank(s), tensor-parallel {tp}", f"set rollout.tensor_parallel to a divisor of {world}")
+    check(
+        "ranks / rollout.tensor_parallel",
+        world % tp == 0,
+        f"{world} rank(s), tensor-parallel {tp}",
+        f"set rollout.tensor_parallel to a divisor of {world}",
+    )
     q, kv = shape.num_heads, shape.num_kv_heads
     heads_ok = q % tp == 0 and ((tp >= kv and tp % kv == 0) or (tp < kv and kv % tp == 0))
-    check("attention heads / tensor_parallel", heads_ok,
-          f"{q} query and {kv} KV heads over tensor-parallel {tp}",
-          "a tensor-parallel degree dividing the query heads, with KV heads a multiple or divisor of it")
+    check(
+        "attention heads / tensor_parallel",
+        heads_ok,
+        f"{q} query and {kv} KV heads over tensor-parallel {tp}",
+        "a tensor-parallel degree dividing the query heads, with KV heads a multiple or divisor of it",
+    )
     padded = rows_per_rank * world - rows
     # batches need not divide the ranks: the driver pads with masked rows (trainer.step.minibatch)
-    check("batch / ranks", True,
-          f"{rows} sequences per step over {world} rank(s): {rows_per_rank} per rank"
-          + (f" ({padded} masked padding rows)" if padded else ""), "")
+    check(
+        "batch / ranks",
+        True,
+        f"{rows} sequences per step over {world} rank(s): {rows_per_rank} per rank"
+        + (f" ({padded} masked padding rows)" if padded else ""),
+        "",
+    )
     mini = p.actor.mini_batch_prompts
-    check("mini-batches / step", not mini or p.trainer.prompts_per_step % mini == 0,
-          f"{p.trainer.prompts_per_step} prompts per step, mini-batch {mini or 'whole step'}",
-          "actor.mini_batch_prompts dividing trainer.prompts_per_step")
+    check(
+        "mini-batches / step",
+        not mini or p.trainer.prompts_per_step % mini == 0,
+        f"{p.trainer.prompts_per_step} prompts per step, mini-batch {mini or 'whole step'}",
+        "actor.mini_batch_prompts dividing trainer.prompts_per_step",
+    )
 
     # ---- memory
     mini_rows = -(-(mini or p.trainer.prompts_per_step) * p.rollout.n // world)  # one update's rows per rank
     actor = mem.training_memory(
-        shape, world=world, batch_rows=mini_rows, compute_dtype=plan.dtype, micro_batch_sequences=p.actor.micro_batch_sequences,
-        micro_batch_tokens=p.actor.micro_batch_tokens, seq_len=seq_len,
-        response_len=p.rollout.max_new_tokens, checkpointing=p.actor.activation_checkpointing,
+        shape,
+        world=world,
+        batch_rows=mini_rows,
+        compute_dtype=plan.dtype,
+        micro_batch_sequences=p.actor.micro_batch_sequences,
+        micro_batch_tokens=p.actor.micro_batch_tokens,
+        seq_len=seq_len,
+        response_len=p.rollout.max_new_tokens,
+        checkpointing=p.actor.activation_checkpointing,
         group_size=p.rollout.n,
     )
-    resident = 0 if (p.actor.param_offload or p.actor.optimizer_offload) and plan.device_type != "cpu" \
+    resident = (
+        0
+        if (p.actor.param_offload or p.actor.optimizer_offload) and plan.device_type != "cpu"
         else actor.state
+    )
     roles_mem: dict[str, Any] = {"actor": mem.as_gib_dict(actor)}
     transient = actor.gathered + actor.activations + actor.logits
     if "critic" in plan.roles:
         critic = mem.training_memory(
-            shape, world=world, batch_rows=mini_rows, compute_dtype=plan.dtype,
-            micro_batch_sequences=p.critic.micro_batch_sequences, micro_batch_tokens=p.critic.micro_batch_tokens,
-            seq_len=seq_len, response_len=p.rollout.max_new_tokens,
-            checkpointing=p.actor.activation_checkpointing, value_head=True,
+            shape,
+            world=world,
+            batch_rows=mini_rows,
+            compute_dtype=plan.dtype,
+            micro_batch_sequences=p.critic.micro_batch_sequences,
+            micro_batch_tokens=p.critic.micro_batch_tokens,
+            seq_len=seq_len,
+            response_len=p.rollout.max_new_tokens,
+            checkpointing=p.actor.activation_checkpointing,
+            value_head=True,
         )
         roles_mem["critic"] = mem.as_gib_dict(critic)
         resident += critic.state
@@ -95,13 +124,24 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         resident += ref_weights
     max_len, len_source = engine_max_model_len(p, shape.max_position_embeddings or seq_len)
     ro = mem.rollout_memory(
-        shape, engine=rollout.engine, dtype=rollout.dtype, tp=tp,
-        gpu_memory_utilization=p.rollout.gpu_memory_utilization, device_bytes=plan.device.memory_bytes,
-        max_model_len=max_len, rows_per_rank=rows_per_rank, seq_len=seq_len,
+        shape,
+        engine=rollout.engine,
+        dtype=rollout.dtype,
+        tp=tp,
+        gpu_memory_utilization=p.rollout.gpu_memory_utilization,
+        device_bytes=plan.device.memory_bytes,
+        max_model_len=max_len,
+        rows_per_rank=rows_per_rank,
+        seq_len=seq_len,
     )
     roles_mem["rollout"] = {**mem.as_gib_dict(ro), "max_model_len_source": len_source}
-    sync = mem.sync_memory(shape, dtype=rollout.dtype, world=world, link_gb_s=plan.device.link_gb_s,
-                           hbm_gb_s=plan.device.hbm_gb_s)
+    sync = mem.sync_memory(
+        shape,
+        dtype=rollout.dtype,
+        world=world,
+        link_gb_s=plan.device.link_gb_s,
+        hbm_gb_s=plan.device.hbm_gb_s,
+    )
     cpu = plan.device_type == "cpu"
     # on CPU every rank of a node is a process sharing the host's RAM
     device_bytes = plan.device.memory_bytes // (plan.devices_per_node if cpu else 1)
@@ -124,33 +164,49 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         "rollout_phase_gib": mem.to_gib(baseline + rollout_phase),
         "predicted_peak_gib": mem.to_gib(peak),
         "measured_as": "memory/policy_peak_gib: host RSS peak of the worker process (all colocated roles)"
-        if cpu else "memory/policy_peak_gib: allocator peak (max_memory_allocated)",
+        if cpu
+        else "memory/policy_peak_gib: allocator peak (max_memory_allocated)",
     }
     where = "this host's RAM" if cpu else f"{plan.device.name} memory"
-    check("training fits", device_bytes <= 0 or baseline + train_phase <= device_bytes,
-          f"{_gib(baseline + train_phase)} of {_gib(device_bytes)} {where} while training "
-          f"(activations {_gib(actor.activations_no_checkpointing)} without checkpointing, "
-          f"{_gib(actor.activations_checkpointing)} with; this run: "
-          f"{'with' if actor.checkpointing else 'without'})",
-          "actor.activation_checkpointing = true, a smaller actor.micro_batch_sequences / "
-          "micro_batch_tokens, more devices, or actor.param_offload / optimizer_offload")
-    check("rollout fits", device_bytes <= 0 or baseline + rollout_phase <= device_bytes,
-          f"{_gib(baseline + rollout_phase)} of {_gib(device_bytes)} {where} while generating "
-          f"(training state {_gib(resident)} resident, rollout {_gib(ro.reserved)})",
-          "a lower rollout.gpu_memory_utilization, actor.param_offload / optimizer_offload, or more devices")
+    check(
+        "training fits",
+        device_bytes <= 0 or baseline + train_phase <= device_bytes,
+        f"{_gib(baseline + train_phase)} of {_gib(device_bytes)} {where} while training "
+        f"(activations {_gib(actor.activations_no_checkpointing)} without checkpointing, "
+        f"{_gib(actor.activations_checkpointing)} with; this run: "
+        f"{'with' if actor.checkpointing else 'without'})",
+        "actor.activation_checkpointing = true, a smaller actor.micro_batch_sequences / "
+        "micro_batch_tokens, more devices, or actor.param_offload / optimizer_offload",
+    )
+    check(
+        "rollout fits",
+        device_bytes <= 0 or baseline + rollout_phase <= device_bytes,
+        f"{_gib(baseline + rollout_phase)} of {_gib(device_bytes)} {where} while generating "
+        f"(training state {_gib(resident)} resident, rollout {_gib(ro.reserved)})",
+        "a lower rollout.gpu_memory_utilization, actor.param_offload / optimizer_offload, or more devices",
+    )
     if ro.kv_budget is not None:
-        check("KV cache budget", ro.kv_budget > 0,
-              f"gpu_memory_utilization {p.rollout.gpu_memory_utilization} x {_gib(device_bytes)} leaves "
-              f"{_gib(ro.kv_budget)} for KV after weights {_gib(ro.weights)} and activations",
-              "raise rollout.gpu_memory_utilization or use rollout.tensor_parallel > 1")
-        check("max_model_len KV fits", ro.kv_per_max_len_sequence <= max(0, ro.kv_budget),
-              f"one {max_len}-token sequence needs {_gib(ro.kv_per_max_len_sequence)} of KV "
-              f"({len_source}); budget {_gib(ro.kv_budget)}, {ro.sequences_at_max_len} such sequences fit",
-              f"set rollout.engine_kwargs max_model_len = {seq_len} (data.max_prompt_length + "
-              "rollout.max_new_tokens) or raise rollout.gpu_memory_utilization")
-    check("max_model_len covers prompt + response", max_len >= seq_len,
-          f"max_model_len {max_len} >= {p.data.max_prompt_length} + {p.rollout.max_new_tokens}",
-          f"max_model_len of at least {seq_len}, or a shorter data.max_prompt_length / rollout.max_new_tokens")
+        check(
+            "KV cache budget",
+            ro.kv_budget > 0,
+            f"gpu_memory_utilization {p.rollout.gpu_memory_utilization} x {_gib(device_bytes)} leaves "
+            f"{_gib(ro.kv_budget)} for KV after weights {_gib(ro.weights)} and activations",
+            "raise rollout.gpu_memory_utilization or use rollout.tensor_parallel > 1",
+        )
+        check(
+            "max_model_len KV fits",
+            ro.kv_per_max_len_sequence <= max(0, ro.kv_budget),
+            f"one {max_len}-token sequence needs {_gib(ro.kv_per_max_len_sequence)} of KV "
+            f"({len_source}); budget {_gib(ro.kv_budget)}, {ro.sequences_at_max_len} such sequences fit",
+            f"set rollout.engine_kwargs max_model_len = {seq_len} (data.max_prompt_length + "
+            "rollout.max_new_tokens) or raise rollout.gpu_memory_utilization",
+        )
+    check(
+        "max_model_len covers prompt + response",
+        max_len >= seq_len,
+        f"max_model_len {max_len} >= {p.data.max_prompt_length} + {p.rollout.max_new_tokens}",
+        f"max_model_len of at least {seq_len}, or a shorter data.max_prompt_length / rollout.max_new_tokens",
+    )
     # ---- pins (this host only; a target's versions are unknown)
     for v in verdicts:
         if v.status != "violated":

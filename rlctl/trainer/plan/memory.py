@@ -178,8 +178,17 @@ def rollout_memory(
         return Rollout(engine, weights, per_token, max_model_len, per_max_seq, budget, kv_step, fit, reserved)
     # HF transformers: the step's KV cache plus the last position's logits of every row
     logits = rows_per_rank * shape.vocab_size * 4 * 2
-    return Rollout(engine, weights, per_token, max_model_len, per_max_seq, None, kv_step, None,
-                   weights + kv_step + logits)
+    return Rollout(
+        engine,
+        weights,
+        per_token,
+        max_model_len,
+        per_max_seq,
+        None,
+        kv_step,
+        None,
+        weights + kv_step + logits,
+    )
 
 
 @dataclass(frozen=True)
@@ -192,8 +201,9 @@ class Sync:
     path: str
 
 
-def sync_memory(shape: ModelShape, *, dtype: str, world: int, link_gb_s: float | None,
-                hbm_gb_s: float | None) -> Sync:
+def sync_memory(
+    shape: ModelShape, *, dtype: str, world: int, link_gb_s: float | None, hbm_gb_s: float | None
+) -> Sync:
     """Bytes each rollout replica receives and the time at the device's link: with several ranks
     every rank gathers the (world-1)/world it does not hold over the link (one direction: half
     the datasheet's bidirectional figure), then copies into the engine at memory bandwidth."""
@@ -226,7 +236,17 @@ def as_gib_dict(obj: Any) -> dict[str, Any]:
 
 
 BYTE_FIELDS = {
-    "weights", "grads", "optimizer", "gathered", "activations", "activations_no_checkpointing",
-    "activations_checkpointing", "logits", "kv_per_max_len_sequence",
-    "kv_budget", "kv_step", "reserved", "bytes",
+    "weights",
+    "grads",
+    "optimizer",
+    "gathered",
+    "activations",
+    "activations_no_checkpointing",
+    "activations_checkpointing",
+    "logits",
+    "kv_per_max_len_sequence",
+    "kv_budget",
+    "kv_step",
+    "reserved",
+    "bytes",
 }

@@ -69,7 +69,9 @@ def memory_lines(memory: dict[str, Any]) -> list[str]:
     )
     if "critic" in roles:
         c = roles["critic"]
-        out.append(f"  critic   state {_g(c['state_gib'])}  activations {_g(c['activations_gib'])}  peak {_g(c['peak_gib'])}")
+        out.append(
+            f"  critic   state {_g(c['state_gib'])}  activations {_g(c['activations_gib'])}  peak {_g(c['peak_gib'])}"
+        )
     if "ref" in roles:
         out.append(f"  ref      weights {_g(roles['ref']['weights_gib'])}")
     r = roles["rollout"]

@@ -140,8 +140,14 @@ def _settings(profile: Profile, platform: Platform, engine: str) -> EngineSettin
     asked = profile.platform.attention
     if asked != "auto" and engine in ("hf", "fsdp"):
         kwargs = {**settings.engine_kwargs, "attn_implementation": asked}
-        return EngineSettings(engine, asked, kwargs, dict(settings.env), "profile platform.attention",
-                              f"{profile.source}: platform.attention")
+        return EngineSettings(
+            engine,
+            asked,
+            kwargs,
+            dict(settings.env),
+            "profile platform.attention",
+            f"{profile.source}: platform.attention",
+        )
     return settings
 
 
@@ -181,8 +187,9 @@ def resolve_plan(
 
     def role(name: str, engine: str, role_dtype: str, dists: tuple[str, ...]) -> RolePlan:
         pins = [v for v in verdicts if v.package is None or v.package in dists]
-        return RolePlan(name, engine, role_dtype, _settings(p, platform, engine),
-                        _versions(platform, dists, known), pins)
+        return RolePlan(
+            name, engine, role_dtype, _settings(p, platform, engine), _versions(platform, dists, known), pins
+        )
 
     roles["actor"] = role("actor", "fsdp", dtype, TRAIN_DISTS)
     roles["rollout"] = role("rollout", rollout, dtype, rollout_dists + ("torch",))
@@ -223,8 +230,9 @@ def _probed_device(platform: Platform) -> DeviceSpec:
     for key, spec in CATALOGUE.items():
         if key in name.lower().replace(" ", ""):
             return spec if mem is None else DeviceSpec(**{**spec.to_dict(), "memory_gib": float(mem)})
-    return DeviceSpec(name or platform.name, platform.name, float(mem or 0.0), None, None, None,
-                      "probe of this host")
+    return DeviceSpec(
+        name or platform.name, platform.name, float(mem or 0.0), None, None, None, "probe of this host"
+    )
 
 
 def refuse_failures(plan: RunPlan) -> None:

@@ -1,0 +1,79 @@
+"""`rlctl plan`, `rlctl doctor --profile` and `rlctl train` share one plan; train refuses a FAIL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlctl.trainer.plan.shape import KNOWN_CONFIGS
+from tests.cli_runner import run_cli
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_plan_for_a_target_cluster_prints_memory_and_checks():
+    code, out, err = run_cli("plan", str(REPO / "profiles/qwen7b-mi300x.toml"), "--hardware", "mi300x:8")
+    assert code == 0, err
+    assert "8 mi300x" in out and "engine vllm" in out
+    assert "memory per device" in out and "activations at" in out and "KV budget" in out
+    assert "PASS max_model_len KV fits" in out
+    assert out.rstrip().endswith("verdict: PASS (0 failing check(s))")
+
+
+def test_plan_json_and_bad_hardware():
+    code, out, err = run_cli(
+        "plan", str(REPO / "profiles/qwen7b-mi300x.toml"), "--hardware", "h100:8", "--json"
+    )
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["device"]["name"] == "h100" and doc["platform"]["name"] == "nvidia"
+    assert doc["memory"]["roles"]["rollout"]["engine"] == "vllm"
+    code, out, err = run_cli("plan", str(REPO / "profiles/qwen7b-mi300x.toml"), "--hardware", "tpu:8")
+    assert code == 2 and "unknown device 'tpu'" in err and len(err.strip().splitlines()) == 1
+
+
+def _oversized_cpu_profile(tmp_path: Path) -> Path:
+    model = tmp_path / "Llama-3.1-8B-Instruct"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(KNOWN_CONFIGS["llama-3.1-8b-instruct"]))
+    path = tmp_path / "big.toml"
+    path.write_text(
+        f'[run]\nname = "big"\noutput_dir = "{tmp_path / "runs"}"\n[platform]\nvendor = "cpu"\n'
+        f'[cluster]\nbackend = "inprocess"\n[model]\npath = "{model}"\n[rollout]\nengine = "hf"\n'
+    )
+    return path
+
+
+def test_train_refuses_a_failing_plan_before_any_worker(tmp_path):
+    """An 8B model trained in fp32 with AdamW on this host's RAM: 16 bytes a parameter do not fit."""
+    profile = _oversized_cpu_profile(tmp_path)
+    code, out, err = run_cli("plan", str(profile))
+    assert code == 1 and "FAIL training fits" in out
+    code, out, err = run_cli("train", str(profile))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "FAIL check" in lines[0] and "training fits" in lines[0] and "fix:" in lines[0]
+    assert not (tmp_path / "runs/big").exists()  # refused before the run directory, data or workers
+
+
+def test_doctor_profile_shows_the_plan_train_builds(tmp_path):
+    profile = str(REPO / "profiles/tiny-cpu.toml")
+    code, out, err = run_cli("plan", profile, "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    code, out, err = run_cli("doctor", "--profile", profile, "--json")
+    doc = json.loads(out)
+    assert doc["plan"] is not None, err
+    for role in ("actor", "rollout"):
+        for key in ("engine", "kernel", "engine_kwargs", "env", "versions", "pins"):
+            assert doc["plan"]["roles"][role][key] == plan["roles"][role][key], (role, key)
+    assert doc["plan"]["memory"] == plan["memory"]
+    names = {c["name"] for c in doc["checks"]}
+    assert "plan:training fits" in names and "plan:max_model_len covers prompt + response" in names
+
+
+def test_doctor_profile_reports_a_failing_plan(tmp_path):
+    code, out, err = run_cli("doctor", "--profile", str(_oversized_cpu_profile(tmp_path)), "--json")
+    doc = json.loads(out)
+    fails = [c for c in doc["checks"] if c["verdict"] == "FAIL" and c["name"].startswith("plan:")]
+    assert code == 1 and "plan:training fits" in [c["name"] for c in fails]

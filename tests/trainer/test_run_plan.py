@@ -1,0 +1,172 @@
+"""The run plan: device catalogue, model shapes, per-device memory and the fit checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlctl.errors import UserError
+from rlctl.platforms.catalogue import CATALOGUE, cpu_spec, parse_hardware
+from rlctl.platforms.host import Host
+from rlctl.profile import load_profile
+from rlctl.trainer.plan import memory as mem
+from rlctl.trainer.plan.run_plan import resolve_plan
+from rlctl.trainer.plan.shape import KNOWN_CONFIGS, model_shape, shape_from_config
+
+REPO = Path(__file__).resolve().parents[2]
+GIB = 1 << 30
+
+
+def test_hardware_spec_parses_device_and_count():
+    spec, n = parse_hardware("MI300X:8")
+    assert (spec.name, spec.platform, n) == ("mi300x", "rocm", 8)
+    assert spec.memory_bytes == pytest.approx(192e9, rel=1e-3)  # the datasheet's 192 GB
+    assert parse_hardware("h100")[1] == 1
+    assert set(CATALOGUE) >= {"h100", "h200", "b200", "a100", "mi300x", "mi325x", "910b", "910c"}
+    with pytest.raises(UserError, match="unknown device 'tpu'"):
+        parse_hardware("tpu:8")
+    with pytest.raises(UserError, match="COUNT >= 1"):
+        parse_hardware("h100:0")
+
+
+def test_cpu_spec_reads_this_hosts_meminfo(tmp_path):
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemTotal:       16777216 kB\nMemFree: 1 kB\n")
+    assert cpu_spec(Host(root=tmp_path)).memory_gib == 16.0
+
+
+def test_shape_counts_exactly_the_parameters_transformers_builds():
+    from transformers import AutoModelForCausalLM
+
+    path = REPO / "profiles/assets/tiny-1m-addition-sft"
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert model_shape(str(path)).params == sum(p.numel() for p in model.parameters())
+    # Qwen2.5-7B-Instruct's published size is 7.61B parameters (q/k/v biases, untied head)
+    assert model_shape("/models/Qwen2.5-7B-Instruct").params == 7_615_616_512
+
+
+def test_llama_31_8b_kv_at_131072_tokens_is_16_gib():
+    """vLLM 0.33 needs cdiv(max_model_len, 16) KV pages per layer for one max-length sequence."""
+    shape = shape_from_config(KNOWN_CONFIGS["llama-3.1-8b-instruct"], "test")
+    ro = mem.rollout_memory(
+        shape,
+        engine="vllm",
+        dtype="bfloat16",
+        tp=1,
+        gpu_memory_utilization=0.9,
+        device_bytes=80 * 10**9,
+        max_model_len=131072,
+        rows_per_rank=1,
+        seq_len=1024,
+    )
+    assert ro.kv_per_max_len_sequence == 16 * GIB
+    assert ro.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
+
+
+def test_unknown_model_without_config_names_the_path():
+    with pytest.raises(UserError, match="no config.json here and is not a known model"):
+        model_shape("/nowhere/SomeModel-3B")
+
+
+def _profile(tmp_path: Path, text: str):
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    return load_profile(str(path))
+
+
+def _llama_profile(tmp_path: Path, extra: str = "") -> object:
+    model = tmp_path / "Llama-3.1-8B-Instruct"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps(KNOWN_CONFIGS["llama-3.1-8b-instruct"]))
+    return _profile(
+        tmp_path,
+        f'[run]\nname = "l"\n[platform]\nvendor = "nvidia"\n[model]\npath = "{model}"\n'
+        f'[rollout]\nengine = "vllm"\n{extra}',
+    )
+
+
+def test_vllm_refusing_max_model_len_is_a_fail_with_the_fix(tmp_path):
+    plan = resolve_plan(
+        _llama_profile(tmp_path, "gpu_memory_utilization = 0.35\n"), hardware=parse_hardware("h100:1")
+    )
+    failed = {c.name: c for c in plan.failures}
+    assert "max_model_len KV fits" in failed
+    kv = failed["max_model_len KV fits"]
+    assert "131072-token sequence needs 16.00 GiB" in kv.detail
+    assert "max_model_len" in kv.fix
+    # more memory for the engine: the same model and length fit
+    ok = resolve_plan(
+        _llama_profile(tmp_path, "gpu_memory_utilization = 0.6\n"), hardware=parse_hardware("h100:1")
+    )
+    assert "max_model_len KV fits" not in {c.name for c in ok.failures}
+
+
+def test_qwen7b_on_eight_mi300x_shards_training_state_and_passes():
+    profile = load_profile(str(REPO / "profiles/qwen7b-mi300x.toml"))
+    plan = resolve_plan(profile, hardware=parse_hardware("mi300x:8"))
+    d = plan.to_dict()
+    assert d["verdict"] == "PASS", [c.line() for c in plan.failures]
+    assert (d["platform"]["name"], d["world_size"], d["dtype"]) == ("rocm", 8, "bfloat16")
+    assert d["roles"]["actor"]["engine"] == "fsdp" and d["roles"]["rollout"]["engine"] == "vllm"
+    actor = d["memory"]["roles"]["actor"]
+    params = plan.model.params
+    # fp32 master weights, grads and two AdamW moments, each sharded 8 ways
+    assert actor["weights_gib"] == pytest.approx(4 * params / 8 / GIB, abs=1e-3)
+    assert actor["optimizer_gib"] == pytest.approx(8 * params / 8 / GIB, abs=1e-3)
+    assert actor["activations_checkpointing_gib"] < actor["activations_no_checkpointing_gib"] / 5
+    sync = d["memory"]["weight_sync"]
+    assert sync["bytes_gib"] == pytest.approx(2 * params / GIB, abs=1e-3)  # bf16 rollout copy
+    assert 0 < sync["seconds"] < 1
+    assert {c["name"] for c in d["checks"]} >= {
+        "attention heads / tensor_parallel",
+        "training fits",
+        "rollout fits",
+        "max_model_len KV fits",
+    }
+
+
+def test_fewer_devices_fail_training_fit(tmp_path):
+    """The same 8B model trained on one A100 does not fit (16 bytes per parameter unsharded)."""
+    plan = resolve_plan(_llama_profile(tmp_path), hardware=parse_hardware("a100:1"))
+    assert "training fits" in {c.name for c in plan.failures}
+    eight = resolve_plan(
+        _llama_profile(tmp_path, "gpu_memory_utilization = 0.5\n"), hardware=parse_hardware("h200:8")
+    )
+    assert "training fits" not in {c.name for c in eight.failures}
+
+
+def test_this_host_plan_names_versions_and_pins(tmp_path):
+    plan = resolve_plan(load_profile(str(REPO / "profiles/tiny-cpu.toml")))
+    actor, rollout = plan.roles["actor"], plan.roles["rollout"]
+    assert (plan.platform, plan.device_type, plan.dist_backend) == ("cpu", "cpu", "gloo")
+    assert actor.versions["torch"] and actor.versions["transformers"]
+    assert rollout.engine == "hf" and rollout.kernel == actor.kernel
+    assert any(p.id == "transformers-5.6.0" for p in actor.pins)
+    assert plan.memory["cpu_worker_baseline_gib"] == mem.CPU_WORKER_BASELINE_GIB
+    json.dumps(plan.to_dict())  # JSON-able
+
+
+def test_workers_are_built_from_the_plan_not_resolved_again():
+    """The actor's kernel and the rollout engine's keywords come from the plan's roles: change
+    them in the plan and the specs (and the engine train constructs) follow."""
+    from dataclasses import replace
+
+    from rlctl.platforms.base import EngineSettings
+    from rlctl.trainer.plan.specs import specs_from_plan
+    from rlctl.trainer.workers.roles import rollout_engine
+
+    profile = load_profile(str(REPO / "profiles/tiny-cpu.toml"))
+    plan = resolve_plan(profile)
+    eager = EngineSettings("hf", "eager", {"attn_implementation": "eager"}, reason="test")
+    plan.roles["rollout"] = replace(plan.roles["rollout"], settings=eager)
+    plan.roles["actor"] = replace(plan.roles["actor"], settings=replace(eager, engine="fsdp"))
+    specs = specs_from_plan(profile, plan)
+    assert specs.policy.engine.attn_implementation == "eager"
+    assert specs.policy.rollout.engine_kwargs == {"attn_implementation": "eager"}
+    model = str(REPO / "profiles/assets/tiny-1m-addition-sft")
+    spec = replace(
+        specs.policy, engine=replace(specs.policy.engine, model_path=model, attn_implementation="sdpa")
+    )
+    assert rollout_engine(spec).model.config._attn_implementation == "eager"
