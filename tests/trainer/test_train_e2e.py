@@ -85,6 +85,14 @@ def test_ray_backend_colocated_matches_inprocess(write_profile, tmp_path, ray_se
     a, b = by_step(metrics(tmp_path / "runs/on-ray")), by_step(metrics(tmp_path / "runs/in-proc"))
     assert "actor/kl" in a[2]
     assert_same_numbers(a, b, [0, 1, 2])
+    # the run's plan (RUN_DIR/plan.json) predicts the worker process's peak resident set: the Ray
+    # worker holds the actor, its rollout engine and the reference (memory/* are its VmHWM)
+    plan = json.loads((tmp_path / "runs/on-ray/plan.json").read_text())
+    assert plan["verdict"] == "PASS" and set(plan["roles"]) == {"actor", "rollout", "ref"}
+    predicted = plan["memory"]["predicted_peak_gib"]
+    measured = max(s["memory/policy_peak_gib"] for s in a.values() if "memory/policy_peak_gib" in s)
+    assert a[2]["memory/ref_peak_gib"] == a[2]["memory/policy_peak_gib"]  # one process per device
+    assert measured == pytest.approx(predicted, rel=0.2), (measured, predicted)
 
 
 @pytest.mark.timeout(600)
@@ -95,6 +103,8 @@ def test_ppo_with_critic_on_ray(write_profile, tmp_path, ray_session):
     steps = by_step(metrics(tmp_path / "runs/ppo"))
     for key in ("critic/vf_loss", "time/values", "time/update_critic", "time/ref", "reward/score_mean"):
         assert key in steps[2], key
+    for role in ("policy", "ref", "critic"):  # every role's peak, each step
+        assert steps[2][f"memory/{role}_peak_gib"] > 0.1, role
     assert (tmp_path / "runs/ppo/checkpoints/step_000002/critic").is_dir()
 
 

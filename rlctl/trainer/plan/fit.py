@@ -94,6 +94,7 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         response_len=p.rollout.max_new_tokens,
         checkpointing=p.actor.activation_checkpointing,
         group_size=p.rollout.n,
+        temperature=p.rollout.temperature,
     )
     resident = (
         0

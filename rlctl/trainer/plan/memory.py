@@ -86,6 +86,7 @@ def training_memory(
     response_len: int,
     checkpointing: bool,
     group_size: int = 1,
+    temperature: float = 1.0,
     value_head: bool = False,
 ) -> Training:
     """Bytes per device of one FSDP2-trained model (actor or critic).
@@ -115,8 +116,11 @@ def training_memory(
         full = computed * per_layer * shape.num_layers + cache * shape.num_layers
     # checkpointed: each layer keeps its input; one layer's activations are rebuilt in backward
     ckpt = tokens * shape.hidden_size * c * shape.num_layers + tokens * per_layer
-    # the response logits in fp32, their log-softmax and the gradient of the logits
-    logits = 0 if value_head else 3 * rows * (response_len + 1) * shape.vocab_size * 4
+    # full-vocabulary fp32 tensors of the response positions (engines.logprob with the entropy the
+    # update reports): the logits, their copy divided by the temperature (T != 1), the log-softmax
+    # and its exp kept for backward, the entropy's product, then the gradients flowing back
+    copies = 5 + (1 if temperature != 1.0 else 0)
+    logits = 0 if value_head else copies * rows * response_len * shape.vocab_size * 4
     return Training(
         weights=4 * sharded,
         grads=4 * sharded,

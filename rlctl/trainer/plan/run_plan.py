@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import UserError
-from rlctl.platforms import resolve_platform
 from rlctl.platforms.base import EngineSettings, Platform
 from rlctl.platforms.catalogue import DeviceSpec, cpu_spec
 from rlctl.platforms.host import Host
@@ -115,10 +114,15 @@ class RunPlan:
         path.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
 
 
-def target_host() -> Host:
-    """A host with nothing installed and nothing probed: plans for a cluster that is not here
-    name no versions and evaluate no pins (``rlctl doctor`` on that cluster does)."""
-    return Host(root=Path("/nonexistent-plan-target"), env={}, path=[], smi=lambda vendor: {"ok": False})
+def target_host(torch_flavour: str) -> Host:
+    """A target cluster as a bare supported install: the vendor's torch build and nothing else
+    (no optional kernels, nothing probed). Its plan names no versions and evaluates no pins
+    (``rlctl doctor --profile`` on that cluster does)."""
+    from rlctl.platforms.dists import TorchBuild
+
+    host = Host(root=Path("/nonexistent-plan-target"), env={}, path=[], smi=lambda vendor: {"ok": False})
+    host.__dict__["torch"] = TorchBuild(version=None, flavour=torch_flavour, source="target: assumed")
+    return host
 
 
 def _rollout_engine_for_target(profile: Profile, platform: Platform) -> str:
@@ -174,12 +178,19 @@ def resolve_plan(
         reason = platform.resolution.reason if platform.resolution else "given by caller"
     else:
         device, per_node = hardware
-        platform = platform or resolve_platform(device.platform, env={}, host=target_host())
+        if platform is None:
+            from rlctl.platforms.resolve import builtin_platform
+
+            flavour = type(builtin_platform(device.platform, target_host("none"))).torch_flavours[0]
+            platform = builtin_platform(device.platform, target_host(flavour))
         asked = p.platform.dtype
         dtype = asked if asked != "auto" else ("bfloat16" if device.supports_bf16 else "float32")
         rollout = _rollout_engine_for_target(p, platform)
         nodes, target = p.cluster.nodes, f"{device.name}:{per_node}"
-        reason = f"target hardware {target} ({device.source})"
+        reason = (
+            f"target hardware {target} ({device.source}); kernels as on a bare install of the "
+            f"vendor's torch build, no optional packages"
+        )
     known = hardware is None
     verdicts = pin_verdicts(platform) if known else []
     rollout_dists = tuple(platform.engine_dists.get(rollout, (rollout,)))
