@@ -170,3 +170,26 @@ def test_workers_are_built_from_the_plan_not_resolved_again():
         specs.policy, engine=replace(specs.policy.engine, model_path=model, attn_implementation="sdpa")
     )
     assert rollout_engine(spec).model.config._attn_implementation == "eager"
+
+
+def test_pins_of_packages_the_run_uses_fail_the_plan(tmp_path):
+    """The trainer preflight: a fail-severity pin violated on a package a role runs FAILs the plan
+    (train refuses it); one on a package the run does not use is a WARN line."""
+    from rlctl.platforms.cpu import CpuPlatform
+    from rlctl.trainer.plan.run_plan import refuse_failures
+    from tests.platforms.fakes import make_dist, make_torch
+
+    site = tmp_path / "site"
+    make_torch(site, "2.13.0+cpu")
+    make_dist(site, "transformers", "5.6.0")  # pins.toml transformers-5.6.0: != 5.6.0, severity fail
+    make_dist(site, "vllm", "0.9.0")  # vllm-min violated, but this run's rollout engine is hf
+    make_dist(site, "ray", "2.60.0")
+    platform = CpuPlatform(Host(env={}, path=[str(site)]))
+    plan = resolve_plan(load_profile(str(REPO / "profiles/tiny-cpu.toml")), platform=platform)
+    lines = {c.name: c for c in plan.checks if c.name.startswith("pin ")}
+    assert lines["pin transformers-5.6.0"].verdict == "FAIL"
+    assert "5.7" in lines["pin transformers-5.6.0"].fix
+    assert lines["pin vllm-min"].verdict == "WARN"
+    assert plan.roles["actor"].versions["transformers"] == "5.6.0"
+    with pytest.raises(UserError, match="pin transformers-5.6.0"):
+        refuse_failures(plan)

@@ -186,6 +186,7 @@ def resolve_plan(
         asked = p.platform.dtype
         dtype = asked if asked != "auto" else ("bfloat16" if device.supports_bf16 else "float32")
         rollout = _rollout_engine_for_target(p, platform)
+        choices.check_engine_keys(p, rollout)
         nodes, target = p.cluster.nodes, f"{device.name}:{per_node}"
         reason = (
             f"target hardware {target} ({device.source}); kernels as on a bare install of the "
