@@ -89,6 +89,9 @@ def test_ray_backend_colocated_matches_inprocess(write_profile, tmp_path, ray_se
     # worker holds the actor, its rollout engine and the reference (memory/* are its VmHWM)
     plan = json.loads((tmp_path / "runs/on-ray/plan.json").read_text())
     assert plan["verdict"] == "PASS" and set(plan["roles"]) == {"actor", "rollout", "ref"}
+    code, out, err = run_cli("plan", str(p_ray), "--json")  # `rlctl plan` shows what train built
+    assert code == 0, err
+    assert json.loads(out)["roles"] == plan["roles"]
     predicted = plan["memory"]["predicted_peak_gib"]
     measured = max(s["memory/policy_peak_gib"] for s in a.values() if "memory/policy_peak_gib" in s)
     assert a[2]["memory/ref_peak_gib"] == a[2]["memory/policy_peak_gib"]  # one process per device

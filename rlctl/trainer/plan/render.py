@@ -39,7 +39,7 @@ def plan_lines(plan: RunPlan) -> list[str]:
     if plan.model is not None:
         m = plan.model
         lines.append(
-            f"model {m.params / 1e9:.3f}B params, {m.num_layers} layers, hidden {m.hidden_size}, "
+            f"model {f'{m.params / 1e9:.2f}B' if m.params >= 1e9 else f'{m.params / 1e6:.1f}M'} params, {m.num_layers} layers, hidden {m.hidden_size}, "
             f"heads {m.num_heads}/{m.num_kv_heads} KV, vocab {m.vocab_size} ({m.source})"
         )
     lines += memory_lines(plan.memory)
