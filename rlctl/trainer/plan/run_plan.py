@@ -10,7 +10,7 @@ train`` writes it to ``RUN_DIR/plan.json`` and builds its workers from it, ``rlc
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -137,10 +137,14 @@ def _rollout_engine_for_target(profile: Profile, platform: Platform) -> str:
     return next((e for e in platform.engine_order if e != "hf"), "hf")
 
 
-def _settings(profile: Profile, platform: Platform, engine: str) -> EngineSettings:
+def _settings(profile: Profile, platform: Platform, engine: str, role: str) -> EngineSettings:
     """The platform's setting for ``engine``; an explicit ``platform.attention`` replaces the
-    transformers engines' kernel."""
+    transformers engines' kernel, and the rollout role takes the profile's own engine keywords
+    (``rollout.engine_kwargs``, where the schema has it) over the platform's."""
     settings = platform.engine_settings(engine)
+    own = getattr(profile.rollout, "engine_kwargs", None) if role == "rollout" else None
+    if own:
+        settings = replace(settings, engine_kwargs={**settings.engine_kwargs, **own})
     asked = profile.platform.attention
     if asked != "auto" and engine in ("hf", "fsdp"):
         kwargs = {**settings.engine_kwargs, "attn_implementation": asked}
@@ -200,7 +204,12 @@ def resolve_plan(
     def role(name: str, engine: str, role_dtype: str, dists: tuple[str, ...]) -> RolePlan:
         pins = [v for v in verdicts if v.package is None or v.package in dists]
         return RolePlan(
-            name, engine, role_dtype, _settings(p, platform, engine), _versions(platform, dists, known), pins
+            name,
+            engine,
+            role_dtype,
+            _settings(p, platform, engine, name),
+            _versions(platform, dists, known),
+            pins,
         )
 
     roles["actor"] = role("actor", "fsdp", dtype, TRAIN_DISTS)
