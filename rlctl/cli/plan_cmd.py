@@ -27,6 +27,7 @@ def plan(
     ctx: click.Context, profile_path: str, overrides: tuple[str, ...], hardware: str | None, as_json: bool
 ) -> None:
     """Resolve PROFILE into the run plan; exit 1 when a check FAILs."""
+    from rlctl.errors import UserError
     from rlctl.platforms.catalogue import parse_hardware
     from rlctl.profile import load_profile
     from rlctl.trainer.plan.render import plan_lines
@@ -34,7 +35,12 @@ def plan(
 
     profile = load_profile(profile_path, overrides)
     target = parse_hardware(hardware) if hardware else None
-    run_plan = resolve_plan(profile, hardware=target)
+    try:
+        run_plan = resolve_plan(profile, hardware=target)
+    except UserError as exc:
+        if target is None and "is not usable here" in str(exc):
+            raise UserError(f"{exc}; plan for that hardware with --hardware DEVICE:N") from None
+        raise
     if as_json:
         sys.stdout.write(json.dumps(run_plan.to_dict(), indent=2, default=str) + "\n")
     else:

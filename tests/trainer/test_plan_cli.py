@@ -30,6 +30,9 @@ def test_plan_json_and_bad_hardware():
     assert doc["memory"]["roles"]["rollout"]["engine"] == "vllm"
     code, out, err = run_cli("plan", str(REPO / "profiles/qwen7b-mi300x.toml"), "--hardware", "tpu:8")
     assert code == 2 and "unknown device 'tpu'" in err and len(err.strip().splitlines()) == 1
+    # on this CPU host the ROCm profile's platform is not usable: one line pointing to --hardware
+    code, out, err = run_cli("plan", str(REPO / "profiles/qwen7b-mi300x.toml"))
+    assert code == 2 and "rocm is not usable here" in err and "--hardware DEVICE:N" in err
 
 
 def _oversized_cpu_profile(tmp_path: Path) -> Path:
