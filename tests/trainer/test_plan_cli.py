@@ -80,3 +80,31 @@ def test_doctor_profile_reports_a_failing_plan(tmp_path):
     doc = json.loads(out)
     fails = [c for c in doc["checks"] if c["verdict"] == "FAIL" and c["name"].startswith("plan:")]
     assert code == 1 and "plan:training fits" in [c["name"] for c in fails]
+
+
+def test_simulated_h200_host_doctor_and_plan_agree(tmp_path, monkeypatch, capsys):
+    """An 8x H200 host (fake sysfs, recorded NVML answers, vLLM installed): the plan reads the
+    device and its memory from the probe, and doctor --profile shows the same plan."""
+    import pytest
+
+    import rlctl.platforms.resolve as resolve
+    from rlctl.cli.main import main
+    from tests.platforms.fakes import make_dist, nvidia_host
+
+    host = nvidia_host(tmp_path)
+    make_dist(tmp_path / "site", "vllm", "0.11.0", requires=("torch==2.7.1",))
+    monkeypatch.delenv("RLCTL_PLATFORM", raising=False)
+    monkeypatch.setattr(resolve, "Host", lambda env=None: host)
+    docs = {}
+    for args in (
+        ["plan", str(REPO / "profiles/qwen7b-h100.toml"), "--json"],
+        ["doctor", "--profile", str(REPO / "profiles/qwen7b-h100.toml"), "--json"],
+    ):
+        with pytest.raises(SystemExit):
+            main(args)
+        docs[args[0]] = json.loads(capsys.readouterr().out)
+    plan, doctor = docs["plan"], docs["doctor"]["plan"]
+    assert plan["device"]["name"] == "h200" and plan["device"]["memory_gib"] == 140.4  # NVML's total
+    assert plan["roles"]["rollout"]["versions"]["vllm"] == "0.11.0"
+    assert plan["roles"] == doctor["roles"] and plan["checks"] == doctor["checks"]
+    assert plan["memory"] == doctor["memory"]

@@ -125,6 +125,17 @@ def target_host(torch_flavour: str) -> Host:
     return host
 
 
+def _target_platform(device: DeviceSpec) -> Platform:
+    """The built-in platform that drives ``device``, on a bare install of its own torch build."""
+    import importlib
+
+    from rlctl.platforms.resolve import BUILTINS
+
+    module, _, name = BUILTINS[device.platform].partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    return cls(host=target_host(cls.torch_flavours[0]))
+
+
 def _rollout_engine_for_target(profile: Profile, platform: Platform) -> str:
     asked = profile.rollout.engine
     if asked != "auto":
@@ -183,10 +194,7 @@ def resolve_plan(
     else:
         device, per_node = hardware
         if platform is None:
-            from rlctl.platforms.resolve import builtin_platform
-
-            flavour = type(builtin_platform(device.platform, target_host("none"))).torch_flavours[0]
-            platform = builtin_platform(device.platform, target_host(flavour))
+            platform = _target_platform(device)
         asked = p.platform.dtype
         dtype = asked if asked != "auto" else ("bfloat16" if device.supports_bf16 else "float32")
         rollout = _rollout_engine_for_target(p, platform)
