@@ -32,7 +32,11 @@ the version is modelled from the source (paths inside the wheels):
   ``sglang/srt/managers/scheduler_components/weight_updater.py``): ``update_weights_from_tensor``
   outside ``begin_weight_update()`` / ``end_weight_update()`` returns ``(False, message)``.
 - SGLang memory saver: released weights come back as garbage (zeros here) unless
-  ``enable_weights_cpu_backup``; resuming what is not released raises ``KeyError``.
+  ``enable_weights_cpu_backup``; resuming what is not released raises ``KeyError``. The regions are
+  the surface's ``memory_regions`` (``sglang/srt/constants.py``: ``GPU_MEMORY_ALL_TYPES`` = kv_cache,
+  weights, cuda_graph in 0.5.23; 0.5.3 has kv_cache and weights); ``resident()`` is what a tagged
+  release left in device memory (0.5.23 ``scheduler_components/weight_updater.py`` pauses only the
+  tags it is given; no tags means all of them).
 """
 
 from __future__ import annotations
@@ -434,6 +438,12 @@ def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: d
     sglang = types.ModuleType("sglang")
     sglang.__version__ = version
     server_args_mod = types.ModuleType("sglang.srt.server_args")
+    constants_mod = types.ModuleType("sglang.srt.constants")
+    regions = list(s["memory_regions"]["names"])
+    for region in regions:
+        setattr(constants_mod, f"GPU_MEMORY_TYPE_{region.upper()}", region)
+    if "cuda_graph" in regions:  # the list exists from the release that added cuda_graph
+        constants_mod.GPU_MEMORY_ALL_TYPES = regions
     sampling_mod = types.ModuleType("sglang.srt.sampling.sampling_params")
     ServerArgs = struct_type("ServerArgs", s["ServerArgs"], {"random_seed": None})
 
@@ -521,7 +531,7 @@ def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: d
     def release_memory_occupation(self, tags=None):
         calls.append(("release_memory_occupation", tags))
         assert self.server_args.enable_memory_saver, "release_memory_occupation needs enable_memory_saver"
-        tags = set(tags) if tags is not None else {"weights", "kv_cache"}
+        tags = set(tags) if tags else set(regions)
         if "weights" in tags:
             backup = getattr(self.server_args, "enable_weights_cpu_backup", False)
             self.host_copy = copy.deepcopy(self.hf.model.state_dict()) if backup else None
@@ -529,7 +539,7 @@ def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: d
 
     def resume_memory_occupation(self, tags=None):
         calls.append(("resume_memory_occupation", tags))
-        tags = set(tags) if tags is not None else {"weights", "kv_cache"}
+        tags = set(tags) if tags else set(regions)
         for tag in tags:
             if tag not in self.released:
                 raise KeyError(tag)  # torch_memory_saver: resuming what is not paused
@@ -542,6 +552,10 @@ def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: d
 
     def flush_cache(self):
         return True
+
+    def resident(self):
+        """Memory regions still held on the device."""
+        return set(regions) - self.released
 
     def shutdown(self):
         pass
@@ -557,11 +571,12 @@ def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: d
         "flush_cache": flush_cache,
         "shutdown": shutdown,
     }
+    extra = {"resident": resident}
     methods = {
         name: recorded_method(f"Engine.{name}", spec, impls[name])
         for name, spec in s["Engine"]["methods"].items()
     }
-    sglang.Engine = type("Engine", (), methods)
+    sglang.Engine = type("Engine", (), {**methods, **extra})
     server_args_mod.ServerArgs = ServerArgs
     sampling_mod.SamplingParams = SamplingParams
     srt = types.ModuleType("sglang.srt")
@@ -576,6 +591,7 @@ def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: d
         "sglang": sglang,
         "sglang.srt": srt,
         "sglang.srt.server_args": server_args_mod,
+        "sglang.srt.constants": constants_mod,
         "sglang.srt.sampling": sampling_pkg,
         "sglang.srt.sampling.sampling_params": sampling_mod,
     }

@@ -24,7 +24,7 @@ from tests.engines.fakes import SGLANG_VERSIONS, VLLM_VERSIONS, install
 from tests.engines.helpers import make_model
 
 torch.set_num_threads(1)
-CONTRACT = dict(device="cuda", dtype="float32", attn_implementation="sdpa", trust_remote_code=False)
+CONTRACT = dict(device="cuda", dtype="float32", trust_remote_code=False)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ worker code serves any front end.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from rlctl.engines.optim import OptimConfig
 from rlctl.profile.schema import Profile
@@ -72,6 +73,9 @@ class RolloutSpec:
     dtype: str = "float32"
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
+    vendor: str = "cpu"  # the platform: the engine registry is keyed by it
+    # the engine's keywords: the platform's engine_settings(engine) under rollout.engine_kwargs
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -122,12 +126,15 @@ def build_specs(
     attn: str,
     dist_backend: str,
     rollout_engine: str = "hf",
+    vendor: str = "cpu",
+    rollout_engine_kwargs: dict[str, Any] | None = None,
 ) -> RoleSpecs:
     """Translate the profile's flat sections into the specs each role's worker receives.
 
     ``dtype`` is the compute dtype. Trained models (actor, critic) keep fp32 master weights and
     optimizer state and compute in ``dtype`` through FSDP2 mixed precision; the frozen reference
-    and the rollout engine store their weights in ``dtype`` directly.
+    and the rollout engine store their weights in ``dtype`` directly. The HF rollout engine takes
+    ``attn`` as its one keyword; vLLM / SGLang take ``rollout_engine_kwargs`` (already checked).
     """
     p = profile
     low_precision = dtype != "float32"
@@ -179,6 +186,10 @@ def build_specs(
             dtype=dtype,
             tensor_parallel_size=p.rollout.tensor_parallel,
             gpu_memory_utilization=p.rollout.gpu_memory_utilization,
+            vendor=vendor,
+            engine_kwargs={"attn_implementation": attn}
+            if rollout_engine == "hf"
+            else dict(rollout_engine_kwargs or {}),
         ),
     )
     ref = None

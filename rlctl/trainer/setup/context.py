@@ -8,6 +8,7 @@ from typing import Any
 
 from rlctl.dispatch import DataProto, WorkerGroup, spawn_colocated
 from rlctl.dispatch.pool import ResourcePool
+from rlctl.engines.engine_fields import resolve_engine_kwargs
 from rlctl.errors import UserError
 from rlctl.log import get_logger
 from rlctl.profile.schema import Profile
@@ -100,6 +101,10 @@ def build_context(profile: Profile, run_dir: Path) -> RunContext:
         attn=attn,
         dist_backend=platform.dist_backend,
         rollout_engine=engine,
+        vendor=platform.name,
+        rollout_engine_kwargs=resolve_engine_kwargs(
+            platform, engine, profile.rollout.engine_kwargs, where=f"{profile.source}: rollout.engine_kwargs"
+        ),
     )
     roles: dict[str, type] = {"policy": PolicyWorker}
     init: dict[str, dict] = {"policy": {"spec": specs.policy}}

@@ -21,6 +21,7 @@ import torch
 
 from rlctl.dispatch import DataProto, Dispatch, Worker, WorkerGroup, register, spawn_colocated
 from rlctl.dispatch.pool import ResourcePool
+from rlctl.engines.engine_fields import resolve_engine_kwargs
 from rlctl.trainer.plan import choices
 from rlctl.trainer.plan.specs import PolicySpec, build_specs
 from rlctl.trainer.workers.roles import _cpu_threads, rollout_engine, sample_rows
@@ -63,13 +64,18 @@ def spawn_rollout_group(ctx) -> tuple[WorkerGroup, ResourcePool]:
     the caller shuts the group down, then releases the pool."""
     p, platform = ctx.profile, ctx.platform
     attn = p.platform.attention if p.platform.attention != "auto" else platform.attention_impl()
+    engine = choices.rollout_engine(p, platform)
     specs = build_specs(
         p,
         device_type=platform.device_type,
         dtype=choices.compute_dtype(p, platform),
         attn=attn,
         dist_backend=platform.dist_backend,
-        rollout_engine=choices.rollout_engine(p, platform),
+        rollout_engine=engine,
+        vendor=platform.name,
+        rollout_engine_kwargs=resolve_engine_kwargs(
+            platform, engine, p.rollout.engine_kwargs, where=f"{p.source}: rollout.engine_kwargs"
+        ),
     )
     c = p.cluster
     pool = ResourcePool(
