@@ -11,10 +11,10 @@ from rlctl.engines.engine_fields import installed_fields, resolve_engine_kwargs
 from rlctl.engines.registry import runs_on
 from rlctl.errors import UserError
 from rlctl.platforms import BUILTINS
-from rlctl.platforms.host import Host
-from rlctl.platforms.resolve import builtin_platform
 from rlctl.platforms.ascend import AscendPlatform
+from rlctl.platforms.host import Host
 from rlctl.platforms.nvidia import NvidiaPlatform
+from rlctl.platforms.resolve import builtin_platform
 from rlctl.platforms.rocm import RocmPlatform
 from tests.engines.fakes import load_surface
 from tests.platforms.vendor_hosts import ascend_910b, ascend_sglang_only, b200_sglang, h100, mi300x
