@@ -122,11 +122,20 @@ def in_process() -> None:
     os.environ[MULTIPROCESSING_ENV] = "0"
 
 
-def _import_vllm():
+def install_hint(device: str) -> str:
+    """How to install vLLM for this worker's device: the PyPI wheel is a CUDA build only."""
+    if device == "npu":
+        return "pip install vllm, then the matching vllm-ascend (its compatibility matrix)"
+    if getattr(torch.version, "hip", None):
+        return "a ROCm build of vLLM (the rocm/vllm container, or vLLM built from source for ROCm)"
+    return "pip install 'rlctl[vllm]'"
+
+
+def _import_vllm(device: str = "cuda"):
     try:
         return importlib.import_module("vllm")
     except ImportError as exc:
-        raise UserError("rollout backend 'vllm' needs the vllm package (pip install 'rlctl[vllm]')") from exc
+        raise UserError(f"rollout backend 'vllm' needs the vllm package ({install_hint(device)})") from exc
 
 
 @register_engine("rollout", model_type="*", backend="vllm", device="npu", vendor="ascend")
@@ -151,7 +160,7 @@ class VLLMRolloutEngine:
         """``llm_kwargs``: the run's engine keywords (platform settings + ``rollout.engine_kwargs``),
         each a field of the installed ``EngineArgs``."""
         refuse_tensor_parallel(tensor_parallel_size, "vLLM")
-        vllm = _import_vllm()
+        vllm = _import_vllm(device)
         self._vllm = vllm
         self.version = installed_version("vllm")
         self.bucket_bytes = bucket_bytes

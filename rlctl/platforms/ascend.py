@@ -93,8 +93,10 @@ class AscendPlatform(Platform):
     def engine_install_hint(self, engine: str) -> str:
         if engine == "vllm":
             return (
-                "pip install vllm and vllm-ascend from one row of the vllm-ascend compatibility matrix "
-                "(e.g. vllm==0.23.0 vllm-ascend==0.23.0 with CANN 9.1.0, torch_npu 2.10.0.post4)"
+                "pip install vllm, then vllm-ascend, from one row of the vllm-ascend compatibility matrix "
+                "(e.g. vllm==0.23.0 then vllm-ascend==0.23.0.post1 with CANN 9.1.0, Python 3.10-3.12: its "
+                "torch==2.10.0 and torch-npu==2.10.0.post4 replace vLLM's torch); not pip install "
+                "'rlctl[vllm]', which installs the CUDA wheel"
             )
         if engine == "hf":
             torch = self.host.torch.base_version

@@ -293,6 +293,7 @@ class Platform:
             env=self.host.env,
             details=self.probe().details,
             imports=imports,
+            python=self.host.python,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -102,6 +102,18 @@ class NvidiaPlatform(Platform):
         # value the user set wins (verl#7564: GB300-class systems run with NCCL_CUMEM_ENABLE=1)
         return {"NCCL_CUMEM_ENABLE": "0"}
 
+    def engine_install_hint(self, engine: str) -> str:
+        """PyPI's vllm 0.33.0 and sglang 0.5.23 wheels are CUDA 13 builds (sglang METADATA:
+        cuda-python>=13.0; vllm's cumem allocator links libnvrtc.so.13) that need driver >= 580."""
+        cuda = str(self.probe().details.get("cuda_driver") or "")
+        if engine in ("vllm", "sglang") and cuda and int(cuda.split(".")[0]) < 13:
+            return (
+                f"pip install 'rlctl[{engine}]' installs {engine}'s CUDA 13 wheel, which this driver "
+                f"(CUDA {cuda}) cannot run: upgrade the NVIDIA driver to >= 580, or install {engine}'s "
+                "CUDA 12 build (its install docs) with the torch it pins"
+            )
+        return super().engine_install_hint(engine)
+
     def compute_capability(self) -> tuple[int, int] | None:
         """Lowest compute capability among the GPUs NVML reported (None when unknown)."""
         ccs = [
