@@ -52,6 +52,7 @@ from rlctl.engines.rollout_batch import (
     stop_token_ids,
     unpadded_prompts,
 )
+from rlctl.engines.weight_layouts import fingerprint_unavailable
 from rlctl.errors import RunError, UserError
 from rlctl.log import get_logger
 
@@ -71,8 +72,11 @@ class RlctlWorkerExtension:
     def rlctl_weight_fingerprint(
         self, spec: list[tuple[str, tuple[int, ...]]]
     ) -> dict[str, tuple[float, float, str] | None]:
-        """Fingerprints of HF-named tensors read from the worker's model (see :func:`vllm_view`)."""
+        """Fingerprints of HF-named tensors read from the worker's model (see :func:`vllm_view`);
+        all None for a model class whose layout is not known (:mod:`.weight_layouts`)."""
         model = self.model_runner.model
+        if fingerprint_unavailable(type(model).__name__) is not None:
+            return {name: None for name, _ in spec}
         params = dict(model.named_parameters(remove_duplicate=False))
         return fingerprint_views(spec, lambda name, shape: vllm_view(model, params, name, shape))
 

@@ -257,7 +257,9 @@ def make_fake_vllm(
 
     class Worker:
         def __init__(self, hf):
-            self.model_runner = types.SimpleNamespace(model=_LoadWeights(hf))
+            # vLLM's model class is named after the HF architecture (vllm/model_executor/models/registry.py)
+            arch = (getattr(hf.model.config, "architectures", None) or ["Qwen2ForCausalLM"])[0]
+            self.model_runner = types.SimpleNamespace(model=type(arch, (_LoadWeights,), {})(hf))
 
     def __init__(self, **given):
         args = EngineArgs(**given)  # vllm/entrypoints/llm.py: every keyword ends in EngineArgs(...)

@@ -77,7 +77,11 @@ def test_registered_per_vendor():
         assert get_engine("rollout", "qwen2", "vllm", device, vendor) is VLLMRolloutEngine
     for vendor in ("nvidia", "rocm"):
         assert get_engine("rollout", "qwen2", "sglang", "cuda", vendor) is SGLangRolloutEngine
-    for backend, device, vendor in (("sglang", "npu", "ascend"), ("vllm", "cuda", None), ("vllm", "cuda", "xpu")):
+    for backend, device, vendor in (
+        ("sglang", "npu", "ascend"),
+        ("vllm", "cuda", None),
+        ("vllm", "cuda", "xpu"),
+    ):
         with pytest.raises(UserError, match=f"no rollout engine for backend='{backend}'"):
             get_engine("rollout", "qwen2", backend, device, vendor)
 
@@ -116,14 +120,18 @@ def test_constructs_with_only_recorded_keywords(package, version, models, monkey
 
 
 @pytest.mark.parametrize(("package", "version"), VERSIONS, ids=IDS)
-def test_engine_keywords_reach_the_engine_or_name_key_and_version(package, version, models, monkeypatch, tmp_path):
+def test_engine_keywords_reach_the_engine_or_name_key_and_version(
+    package, version, models, monkeypatch, tmp_path
+):
     """Engine keywords (platform settings + rollout.engine_kwargs) go to the engine when the version
     has the field, and an unknown one is a UserError naming the key and the installed version
     (the real libraries raise a bare TypeError from inside EngineArgs / ServerArgs)."""
     known = {"vllm": {"enforce_eager": True}, "sglang": {"attention_backend": "triton"}}[package]
     _, calls = build(monkeypatch, tmp_path, models, package, version, **known)
     assert {k: calls[0][1][k] for k in known} == known
-    with pytest.raises(UserError, match=rf"rollout\.engine_kwargs\.max_mode_len: {package} {version} has no "):
+    with pytest.raises(
+        UserError, match=rf"rollout\.engine_kwargs\.max_mode_len: {package} {version} has no "
+    ):
         build(monkeypatch, tmp_path, models, package, version, max_mode_len=4096)
     with pytest.raises(UserError, match=r"rollout\.engine_kwargs\.attn_implementation: "):
         build(monkeypatch, tmp_path, models, package, version, attn_implementation="sdpa")
@@ -332,7 +340,9 @@ def test_update_while_asleep_wakes_the_weights_first(adapter, models):
         assert ("wake_up", ["weights"]) in calls and ("wake_up", ["kv_cache"]) in calls
     else:
         assert ("resume_memory_occupation", ["weights"]) in calls
-        rest = sorted(set(load_surface("sglang", engine.version.public)["memory_regions"]["names"]) - {"weights"})
+        rest = sorted(
+            set(load_surface("sglang", engine.version.public)["memory_regions"]["names"]) - {"weights"}
+        )
         assert ("resume_memory_occupation", rest) in calls
         assert engine.engine.resident() == {"kv_cache", "weights", *rest}
 
@@ -450,3 +460,30 @@ def test_assemble_rollout_pads_and_masks_any_lengths(lens, max_new):
     assert "rollout_log_probs" not in assemble_rollout(
         prompts, pmask, responses, None, n=n, max_new_tokens=max_new, pad_token_id=0
     )
+
+
+@pytest.mark.parametrize("found", [None, "1", "0"])
+def test_vllm_runs_in_process_even_when_multiprocessing_is_exported(found, models, monkeypatch, tmp_path):
+    """VLLM_ENABLE_V1_MULTIPROCESSING=1 (vllm 0.33.0 envs.py default) would put the engine core in a
+    child process, and collective_rpc would copy each synced weight through host memory
+    (v1/serial_utils.py _encode_tensor -> tensor_data: .cpu()); the adapter's old setdefault kept a 1."""
+    import os
+
+    if found is None:
+        monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", found)
+    build(monkeypatch, tmp_path, models, "vllm", VLLM_VERSIONS[-1])
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def test_vllm_install_hint_follows_the_device(monkeypatch):
+    from rlctl.engines import vllm_rollout
+
+    assert "vllm-ascend" in vllm_rollout.install_hint("npu")
+    monkeypatch.setattr(torch.version, "hip", "7.0.51831", raising=False)
+    assert "ROCm build" in vllm_rollout.install_hint(
+        "cuda"
+    ) and "rlctl[vllm]" not in vllm_rollout.install_hint("cuda")
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    assert vllm_rollout.install_hint("cuda") == "pip install 'rlctl[vllm]'"

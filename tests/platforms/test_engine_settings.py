@@ -184,3 +184,18 @@ def test_unknown_or_reserved_engine_keyword_names_key_and_version(tmp_path):
     with pytest.raises(UserError, match=r"the hf rollout engine reads no engine keywords"):
         resolve_engine_kwargs(p, "hf", {"max_model_len": 1}, where=WHERE)
     assert resolve_engine_kwargs(p, "vllm", {"max_model_len": 8192}, where=WHERE) == {"max_model_len": 8192}
+
+
+def test_install_advice_per_vendor(tmp_path):
+    """`pip install 'rlctl[vllm]'` pulls PyPI's CUDA 13 wheel: wrong on ROCm and Ascend, and on an
+    NVIDIA driver below 580."""
+    old = NvidiaPlatform(h100(tmp_path / "570", "570.172.08")).engine_install_hint("vllm")
+    assert "upgrade the NVIDIA driver to >= 580" in old and "CUDA 12 build" in old
+    assert (
+        NvidiaPlatform(h100(tmp_path / "580", "580.82.07")).engine_install_hint("vllm")
+        == "pip install 'rlctl[vllm]'"
+    )
+    rocm = RocmPlatform(mi300x(tmp_path / "r")).engine_install_hint("vllm")
+    assert "ROCm build" in rocm and not rocm.startswith("pip install 'rlctl")
+    ascend = AscendPlatform(ascend_910b(tmp_path / "a")).engine_install_hint("vllm")
+    assert "vllm-ascend==0.23.0.post1" in ascend and "not pip install 'rlctl[vllm]'" in ascend
