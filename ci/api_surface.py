@@ -7,7 +7,7 @@ the signatures of the methods the adapters call, the field names of ``EngineArgs
 / ``SamplingParams`` (the keywords an unknown name of which raises), the log-prob modes and the
 attention backends. The fakes in ``tests/engines/fakes.py`` are built from these files.
 
-    python ci/api_surface.py vllm==0.10.2 vllm==0.33.0 sglang==0.5.3 sglang==0.5.23
+    python ci/api_surface.py vllm==0.10.2 vllm==0.13.0 vllm==0.33.0 sglang==0.5.3 sglang==0.5.23
 """
 
 from __future__ import annotations

@@ -233,10 +233,12 @@ class RocmPlatform(Platform):
     def engine_settings(self, engine: str) -> EngineSettings:
         """vLLM keeps its own choice (never FLASH_ATTN); SGLang its aiter default where aiter runs,
         else ``triton`` (SGLang's HIP default imports aiter)."""
+        env = self.rollout_env()
         if engine == "vllm":
             return EngineSettings(
                 "vllm",
                 None,
+                env={k: v for k, v in env.items() if k.startswith("VLLM_")},
                 reason=f"vLLM's own choice: {self.vllm_backend_pick()} for a decoder model (FLASH_ATTN never forced)",
                 source=VLLM_ROCM_SOURCE,
             )
@@ -244,7 +246,11 @@ class RocmPlatform(Platform):
             aiter_ok, why = self._aiter_usable()
             if aiter_ok:
                 return EngineSettings(
-                    "sglang", None, reason=f"SGLang's own choice: aiter ({why})", source=SGLANG_HIP_SOURCE
+                    "sglang",
+                    None,
+                    env={k: v for k, v in env.items() if k.startswith("SGLANG_")},
+                    reason=f"SGLang's own choice: aiter ({why})",
+                    source=SGLANG_HIP_SOURCE,
                 )
             return EngineSettings(
                 "sglang",

@@ -58,7 +58,7 @@ from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.engines.sampling import filter_top_k_top_p
 
 SURFACES = Path(__file__).parent / "surfaces"
-VLLM_VERSIONS = ("0.10.2", "0.33.0")  # the floor rlctl pins and the newest release
+VLLM_VERSIONS = ("0.10.2", "0.13.0", "0.33.0")  # the floor rlctl pins, the first that validates a forced backend, the newest
 SGLANG_VERSIONS = ("0.5.3", "0.5.23")
 _EPS = 1e-5  # vLLM / SGLang _SAMPLING_EPS
 

@@ -73,6 +73,9 @@ def test_rocm_sglang_uses_triton_without_aiter_and_its_default_with_it(tmp_path,
     make_dist(tmp_path / "site", "amd-aiter", "0.1.5")
     with_aiter = RocmPlatform(mi300x(tmp_path))
     assert with_aiter.engine_settings("sglang").kernel is None
+    assert with_aiter.engine_settings("sglang").env == {"SGLANG_USE_AITER": "1"}
+    assert with_aiter.engine_settings("vllm").env == {"VLLM_ROCM_USE_AITER": "1"}
+    assert "ROCM_ATTN" in with_aiter.engine_settings("vllm").reason  # 0.33 ranks it before ROCM_AITER_FA
     assert "aiter" in with_aiter.engine_settings("sglang").reason
 
 
@@ -154,7 +157,7 @@ def test_platform_engines_are_the_ones_registered_for_the_vendor(name, tmp_path)
 
 @pytest.mark.parametrize(
     ("package", "version"),
-    [("vllm", "0.10.2"), ("vllm", "0.33.0"), ("sglang", "0.5.3"), ("sglang", "0.5.23")],
+    [("vllm", "0.10.2"), ("vllm", "0.13.0"), ("vllm", "0.33.0"), ("sglang", "0.5.3"), ("sglang", "0.5.23")],
 )
 def test_installed_fields_are_read_from_the_release_layout(tmp_path, package, version):
     from rlctl.platforms.dists import DistIndex
