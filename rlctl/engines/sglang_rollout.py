@@ -60,9 +60,13 @@ def _import_sglang():
     try:
         return importlib.import_module("sglang")
     except ImportError as exc:
-        raise UserError(
-            "rollout backend 'sglang' needs the sglang package (pip install 'rlctl[sglang]')"
-        ) from exc
+        # the PyPI wheel is a CUDA 13 build (sglang 0.5.23 METADATA: cuda-python>=13.0)
+        how = (
+            "a ROCm build of SGLang (the ROCm SGLang container, or SGLang built from source)"
+            if getattr(torch.version, "hip", None)
+            else "pip install 'rlctl[sglang]'"
+        )
+        raise UserError(f"rollout backend 'sglang' needs the sglang package ({how})") from exc
 
 
 def memory_regions() -> tuple[str, ...]:
