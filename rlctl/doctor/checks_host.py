@@ -268,7 +268,7 @@ def check_kernels(p: Platform) -> list[CheckResult]:
     rows = [
         passed(
             "attention",
-            f"training (fsdp) and hf: {p.attention_impl()}: {chosen.reason if chosen else 'fallback'}",
+            f"{p.attention_impl()}: {chosen.reason if chosen else 'fallback'} (training and HF rollout)",
             "kernels",
             candidates=[vars(c) for c in att],
         )

@@ -175,7 +175,11 @@ def test_h100_with_driver_570_is_told_driver_580_or_the_cuda12_build(tmp_path, m
     assert "upgrade the NVIDIA driver to >= 580" in pin["fix"] and "vllm's CUDA 12 build" in pin["fix"]
     assert "install a torch" not in pin["fix"]
     engine = rows(doc)["engine:vllm"]
-    assert engine["details"]["kernel"] is None and "FLASH_ATTN" in engine["reason"] and engine["details"]["engine_kwargs"] == {}
+    assert (
+        engine["details"]["kernel"] is None
+        and "FLASH_ATTN" in engine["reason"]
+        and engine["details"]["engine_kwargs"] == {}
+    )
     assert code == 1
 
 
@@ -190,7 +194,9 @@ def test_h100_with_driver_580_passes(tmp_path, monkeypatch, capsys):
 def test_b200_sglang_is_never_told_fa3(tmp_path, monkeypatch, capsys):
     code, doc = doctor_json(b200_sglang(tmp_path), monkeypatch, capsys)
     engine = rows(doc)["engine:sglang"]
-    assert engine["details"]["kernel"] is None and "attention_backend" not in engine["details"]["engine_kwargs"]
+    assert (
+        engine["details"]["kernel"] is None and "attention_backend" not in engine["details"]["engine_kwargs"]
+    )
     assert "trtllm_mha" in engine["reason"] and "fa3 never forced" in engine["reason"]
     assert rows(doc)["rollout-engine"]["reason"].startswith("sglang: installed")
     assert verdicts(doc)["pin:sglang-torch"] == "PASS"
@@ -202,7 +208,10 @@ def test_mi300x_with_cuda_visible_devices_and_noset(tmp_path, monkeypatch, capsy
     CUDA_VISIBLE_DEVICES (vLLM raises at import) and verl's NOSET variable (every rank on GPU 0) FAIL."""
     code, doc = doctor_json(mi300x(tmp_path), monkeypatch, capsys)
     r, v = rows(doc), verdicts(doc)
-    assert r["attention"]["reason"].startswith("training (fsdp) and hf: flash_attention_2")
+    assert (
+        r["attention"]["reason"].startswith("flash_attention_2")
+        and "(training and HF rollout)" in r["attention"]["reason"]
+    )
     assert r["engine:vllm"]["details"]["kernel"] is None and "ROCM_ATTN" in r["engine:vllm"]["reason"]
     assert r["engine:sglang"]["details"]["engine_kwargs"] == {"attention_backend": "triton"}
     assert (

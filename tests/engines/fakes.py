@@ -58,7 +58,11 @@ from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.engines.sampling import filter_top_k_top_p
 
 SURFACES = Path(__file__).parent / "surfaces"
-VLLM_VERSIONS = ("0.10.2", "0.13.0", "0.33.0")  # the floor rlctl pins, the first that validates a forced backend, the newest
+VLLM_VERSIONS = (
+    "0.10.2",
+    "0.13.0",
+    "0.33.0",
+)  # the floor rlctl pins, the first that validates a forced backend, the newest
 SGLANG_VERSIONS = ("0.5.3", "0.5.23")
 _EPS = 1e-5  # vLLM / SGLang _SAMPLING_EPS
 
@@ -220,9 +224,11 @@ def _zero_weights(hf: HFRolloutEngine) -> None:
 
 # -- vLLM --------------------------------------------------------------------------------------------------
 def make_fake_vllm(
-    calls: list, version: str = VLLM_VERSIONS[-1], surface: dict | None = None
+    calls: list, version: str = VLLM_VERSIONS[-1], surface: dict | None = None, *, rocm: bool = False, **_
 ) -> types.ModuleType:
-    """A ``vllm`` module of ``version``; every call is appended to ``calls``."""
+    """A ``vllm`` module of ``version``; every call is appended to ``calls``. ``rocm``: the ROCm
+    build, where FLASH_ATTN asserts in its first forward (``fa_utils.get_flash_attn_version``
+    returns None on ROCm; ``FlashAttentionImpl.forward`` asserts, vllm 0.33.0)."""
     s = surface or load_surface("vllm", version)
     rel = release(version)
     vllm = types.ModuleType("vllm")
@@ -272,6 +278,8 @@ def make_fake_vllm(
             backend = attention.get("backend")
             if backend is not None and backend not in s["attention_backends"]["names"]:
                 raise ValueError(f"Invalid attention backend {backend!r}")
+            if rocm and backend == "FLASH_ATTN":  # LLM() runs a forward in its memory profiling
+                raise AssertionError("FlashAttention version not detected.")
         calls.append(("LLM", given))
         self.engine_args, self.logprobs_mode = args, mode
         self.hf = HFRolloutEngine(given["model"])
@@ -433,8 +441,17 @@ class _LoadWeights:
 
 
 # -- SGLang ------------------------------------------------------------------------------------------------
-def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: dict | None = None) -> dict:
-    """``{module name: module}`` for ``sglang`` of ``version`` (put every one into sys.modules)."""
+def make_fake_sglang(
+    calls: list,
+    version: str = SGLANG_VERSIONS[-1],
+    surface: dict | None = None,
+    *,
+    device_capability: tuple[int, int] = (9, 0),
+    **_,
+) -> dict:
+    """``{module name: module}`` for ``sglang`` of ``version`` (put every one into sys.modules).
+    ``attention_backend="fa3"`` asserts off SM 8.x/9.0 as ``create_flashattention_v3_backend`` does
+    (sglang 0.5.23 ``layers/attention/attention_registry.py``) on ``device_capability``."""
     s = surface or load_surface("sglang", version)
     rel = release(version)
     sglang = types.ModuleType("sglang")
@@ -464,6 +481,10 @@ def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: d
 
     def __init__(self, **kwargs):
         self.server_args = ServerArgs(**kwargs)  # sglang/srt/entrypoints/engine.py: ServerArgs(**kwargs)
+        if kwargs.get("attention_backend") == "fa3" and device_capability[0] not in (8, 9):
+            raise AssertionError(
+                "FlashAttention v3 Backend requires SM>=80 and SM<=90. Please use `--attention-backend flashinfer`."
+            )
         calls.append(("Engine", kwargs))
         self.hf = HFRolloutEngine(kwargs["model_path"])
         self.released: set[str] = set()
@@ -600,14 +621,21 @@ def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: d
 
 
 def install(
-    monkeypatch, tmp_path: Path, package: str, version: str, calls: list, surface: dict | None = None
+    monkeypatch,
+    tmp_path: Path,
+    package: str,
+    version: str,
+    calls: list,
+    surface: dict | None = None,
+    **hardware,
 ):
-    """Put the fake ``package==version`` into ``sys.modules`` with its dist metadata on ``sys.path``."""
+    """Put the fake ``package==version`` into ``sys.modules`` with its dist metadata on ``sys.path``;
+    ``hardware`` (``rocm=True``, ``device_capability=(10, 0)``) switches on the kernel asserts."""
     root = tmp_path / f"site-{package}-{version}"
     install_dist(root, package, version)
     monkeypatch.syspath_prepend(str(root))
     if package == "vllm":
-        monkeypatch.setitem(sys.modules, "vllm", make_fake_vllm(calls, version, surface))
+        monkeypatch.setitem(sys.modules, "vllm", make_fake_vllm(calls, version, surface, **hardware))
     else:
-        for name, module in make_fake_sglang(calls, version, surface).items():
+        for name, module in make_fake_sglang(calls, version, surface, **hardware).items():
             monkeypatch.setitem(sys.modules, name, module)

@@ -21,6 +21,14 @@ from tests.engines.helpers import make_model
 from tests.platforms.vendor_hosts import ascend_910b, b200_sglang, h100, mi300x
 
 
+def _hardware(platform) -> dict:
+    """The fake engine's kernel asserts for this platform's devices."""
+    if platform.name == "rocm":
+        return {"rocm": True}
+    cc = platform.compute_capability() if platform.name == "nvidia" else None
+    return {"device_capability": cc} if cc else {}
+
+
 def _construct(platform, engine: str, version: str, tmp_path: Path, monkeypatch, body: str = ""):
     """Build the rollout engine as a policy worker does; returns the keywords the engine got."""
     model = make_model(tmp_path / "model", seed=1)
@@ -41,7 +49,7 @@ def _construct(platform, engine: str, version: str, tmp_path: Path, monkeypatch,
         rollout_engine_kwargs=kwargs,
     )
     calls: list = []
-    install(monkeypatch, tmp_path, engine, version, calls)
+    install(monkeypatch, tmp_path, engine, version, calls, **_hardware(platform))
     rollout_engine(specs.policy)
     return calls[0][1]
 
@@ -75,3 +83,19 @@ def test_h100_profile_engine_kwargs_reach_vllm(tmp_path, monkeypatch, driver):
     p = NvidiaPlatform(h100(tmp_path, driver))
     got = _construct(p, "vllm", "0.33.0", tmp_path, monkeypatch, "engine_kwargs = { max_model_len = 4096 }")
     assert got["max_model_len"] == 4096 and "attention_config" not in got
+
+
+def test_the_old_mapping_dies_in_the_fakes_kernel_asserts(tmp_path, monkeypatch):
+    """What the old adapters passed (flash_attention_2 -> FLASH_ATTN / fa3) on these hosts fails
+    where the real engines fail: vLLM's first forward on ROCm, SGLang's backend creation on SM 10."""
+    import sys
+
+    from tests.engines.helpers import make_model
+
+    model = str(make_model(tmp_path / "m", seed=1))
+    install(monkeypatch, tmp_path, "vllm", "0.33.0", [], rocm=True)
+    with pytest.raises(AssertionError, match="FlashAttention version not detected"):
+        sys.modules["vllm"].LLM(model=model, attention_config={"backend": "FLASH_ATTN"})
+    install(monkeypatch, tmp_path, "sglang", "0.5.23", [], device_capability=(10, 0))
+    with pytest.raises(AssertionError, match="requires SM>=80 and SM<=90"):
+        sys.modules["sglang"].Engine(model_path=model, attention_backend="fa3")
