@@ -7,7 +7,7 @@ the signatures of the methods the adapters call, the field names of ``EngineArgs
 / ``SamplingParams`` (the keywords an unknown name of which raises), the log-prob modes and the
 attention backends. The fakes in ``tests/engines/fakes.py`` are built from these files.
 
-    python ci/api_surface.py vllm==0.10.2 vllm==0.33.0 sglang==0.5.3 sglang==0.5.23
+    python ci/api_surface.py vllm==0.10.2 vllm==0.13.0 vllm==0.33.0 sglang==0.5.3 sglang==0.5.23
 """
 
 from __future__ import annotations
@@ -236,6 +236,20 @@ def _sglang_server_args(wheel: Wheel) -> dict:
     return {"file": path, "kind": kind, "fields": fields}
 
 
+def _memory_regions(wheel: Wheel) -> list[str]:
+    """``GPU_MEMORY_ALL_TYPES`` of ``sglang/srt/constants.py``: the regions release/resume know."""
+    tree = wheel.tree("sglang/srt/constants.py")
+    values: dict[str, str] = {}
+    for node in tree.body if tree is not None else ():
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            name, value = node.targets[0].id, node.value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                values[name] = value.value
+            elif name == "GPU_MEMORY_ALL_TYPES" and isinstance(value, ast.List):
+                return [values[e.id] for e in value.elts if isinstance(e, ast.Name)]
+    return [v for k, v in values.items() if k.startswith("GPU_MEMORY_TYPE_")]  # 0.5.3: no list
+
+
 def sglang_surface(wheel: Wheel, version: str) -> dict:
     engine = _class(wheel.tree("sglang/srt/entrypoints/engine.py"), "Engine")
     sp_path = "sglang/srt/sampling/sampling_params.py"
@@ -251,6 +265,7 @@ def sglang_surface(wheel: Wheel, version: str) -> dict:
         if choices:
             break
     return {
+        "memory_regions": {"file": "sglang/srt/constants.py", "names": _memory_regions(wheel)},
         "package": "sglang",
         "version": version,
         "wheel": wheel.path.name,

@@ -261,17 +261,25 @@ def check_driver(p: Platform) -> CheckResult:
 
 
 def check_kernels(p: Platform) -> list[CheckResult]:
-    """The chosen attention implementation and rollout engine, with the others' reasons."""
+    """Each engine's kernel setting on this platform (training's attention implementation, and
+    per rollout engine its kernel, keywords, environment and source), then the rollout engine."""
     att = p.attention_candidates()
     chosen = next((c for c in att if c.chosen), None)
     rows = [
         passed(
             "attention",
-            f"{p.attention_impl()}: {chosen.reason if chosen else 'fallback'}",
+            f"{p.attention_impl()}: {chosen.reason if chosen else 'fallback'} (training and HF rollout)",
             "kernels",
             candidates=[vars(c) for c in att],
         )
     ]
+    for name in p.rollout_engines():
+        if name == "hf":
+            continue
+        s = p.engine_settings(name)
+        kernel = s.kernel or "the engine's own choice"
+        keywords = f"; keywords {s.engine_kwargs}" if s.engine_kwargs else ""
+        rows.append(passed(f"engine:{name}", f"{kernel}: {s.reason}{keywords}", "kernels", **s.to_dict()))
     eng = p.rollout_engine_candidates()
     engine, reason = p.auto_rollout_engine()
     candidates = [vars(c) for c in eng]

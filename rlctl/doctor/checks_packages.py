@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from packaging.specifiers import SpecifierSet
 
 from rlctl.doctor.check import CheckResult, failed, passed, skipped, warned
-from rlctl.platforms import Platform, evaluate_pin, load_pins
+from rlctl.platforms import Platform
 from rlctl.platforms.dists import DistIndex, parse_version
+from rlctl.platforms.pin_checks import evaluate_pins
 
 # distribution -> required on every platform?
 PACKAGES: dict[str, bool] = {
@@ -53,28 +54,27 @@ def check_packages(p: Platform) -> list[CheckResult]:
     return rows
 
 
-def check_pins(p: Platform, imports: Mapping[str, str] | None = None) -> list[CheckResult]:
-    """One row per pin that applies to the platform, with its source and the symptom it prevents."""
-    facts = p.facts(dict(imports) if imports is not None else None)
+def check_pins(
+    p: Platform, imports: Mapping[str, str] | None = None, engine: str | None = None
+) -> list[CheckResult]:
+    """One row per pin that applies to the platform, with its source and the symptom it prevents
+    (:func:`rlctl.platforms.pin_checks.evaluate_pins`: the verdicts a run's preflight uses)."""
+    make = {"PASS": passed, "SKIP": skipped}
     rows = []
-    for pin in load_pins():
-        if not pin.applies_to(p.name):
-            continue
-        out = evaluate_pin(pin, facts)
-        name = f"pin:{pin.id}"
-        info = {"source": pin.source, "symptom": pin.symptom, "status": out.status}
-        if out.status == "ok":
-            rows.append(passed(name, out.reason, "pins", **info))
-        elif out.status == "violated":
-            make = failed if pin.severity == "fail" else warned
-            rows.append(make(name, out.reason, pin.fix, "pins", **info))
-        elif out.status == "unknown" and pin.kind == "import":
-            rows.append(skipped(name, out.reason, "pins", **info))
-        elif out.status == "unknown":
-            rows.append(warned(name, out.reason, f"check by hand: {pin.source}", "pins", **info))
+    for v in evaluate_pins(p, engine, imports):
+        info = {"source": v.source, "symptom": v.symptom, "status": v.status}
+        if v.verdict in make:
+            rows.append(make[v.verdict](f"pin:{v.id}", v.reason, "pins", **info))
         else:
-            rows.append(skipped(name, out.reason, "pins", **info))
+            row = failed if v.verdict == "FAIL" else warned
+            rows.append(row(f"pin:{v.id}", v.reason, v.fix, "pins", **info))
     return rows
+
+
+# a platform plugin installed after its base package, whose own pins replace the base's: vLLM's
+# install order on Ascend is vllm, then vllm-ascend (0.23.0.post1 pins torch==2.10.0 where vllm
+# 0.23.0 pins torch==2.11.0), so vllm's requirement on what vllm-ascend pins does not count
+OVERRIDDEN_BY = {"vllm": "vllm-ascend"}
 
 
 def unmet_requirements(dists: DistIndex, name: str) -> list[str]:
@@ -82,8 +82,12 @@ def unmet_requirements(dists: DistIndex, name: str) -> list[str]:
     d = dists.get(name)
     if d is None:
         return []
+    plugin = dists.get(OVERRIDDEN_BY.get(name, ""))
+    replaced = {r.name.lower() for r in plugin.requirements()} if plugin is not None else set()
     problems = []
     for req in d.requirements():
+        if req.name.lower() in replaced:
+            continue
         have = dists.get(req.name)
         if have is None:
             problems.append(f"{name} {d.version} requires {req}, which is not installed")

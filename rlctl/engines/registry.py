@@ -6,6 +6,11 @@ Lookup falls back from the most specific entry to the most generic one::
     vendor + device + model_type -> vendor + device -> device + model_type -> device
     -> model_type (any device) -> generic ("*" model, "*" device)
 
+An engine registered with ``vendor=`` runs on the named vendors only: vLLM registers for
+(``cuda``, ``nvidia``), (``cuda``, ``rocm``) and (``npu``, ``ascend``), SGLang for NVIDIA and ROCm;
+a lookup for another vendor finds nothing, and the platforms' ``engine_order`` lists only engines
+registered for their vendor (a test holds the two together).
+
 The built-in engines register when their modules are imported; that happens lazily on the first
 lookup so importing the registry stays cheap. Out-of-tree engines register through the
 ``rlctl.engines`` entry-point group: each entry point is loaded (importing it runs its
@@ -115,10 +120,23 @@ def registered(kind: str | None = None) -> list[EngineKey]:
     return sorted((k for k in _REGISTRY if kind is None or k.kind == kind), key=str)
 
 
+def runs_on(kind: str, backend: str, device: str, vendor: str | None) -> bool:
+    """Whether :func:`get_engine` finds ``backend`` for this device and vendor (any model type)."""
+    try:
+        get_engine(kind, "*", backend, device, vendor)
+    except UserError:
+        return False
+    return True
+
+
 def get_engine(
     kind: str, model_type: str, backend: str, device: str = "cpu", vendor: str | None = None
 ) -> Any:
-    """The most specific engine class registered for this key; UserError lists what exists."""
+    """The most specific engine class registered for this key; UserError lists what exists.
+
+    An engine registered for named vendors on a device (vLLM on ``cuda`` for ``nvidia`` and
+    ``rocm``) is found only for those vendors (vendor-free entries are the fallbacks): an engine
+    never runs on a vendor it was not registered for."""
     _load_plugins()
     for key in _candidates(kind, model_type, backend, device, vendor):
         if key in _REGISTRY:

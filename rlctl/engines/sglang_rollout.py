@@ -6,15 +6,19 @@ unit-tested against fakes built from those surfaces.
 
 - ``Engine(**kw)`` builds ``ServerArgs(**kw)`` (a dataclass through 0.5.19, a msgspec struct
   assembled from ``sglang/srt/arg_groups/fields/`` from 0.5.20): an unknown keyword raises, so
-  only fields of the installed ``ServerArgs`` are passed. ``flash_attention_2`` becomes
-  ``attention_backend="fa3"`` (SGLang's FlashAttention backend); other choices keep SGLang's default.
+  rlctl's own keywords are passed only where the installed ``ServerArgs`` has them, and the run's
+  engine keywords (platform ``engine_settings("sglang")`` under ``rollout.engine_kwargs``) must all
+  be fields of it, else a UserError names the key and the version. ``fa3`` is never forced: it
+  asserts SM 8.x/9.0 (``layers/attention/attention_registry.py``), so Blackwell would die at start.
 - Sampling: one dict per request with its own ``sampling_seed`` (``sampling/sampling_params.py``,
   from 0.5.3). SGLang honours the seed only with ``enable_deterministic_inference`` (it then
   gives every unseeded request seed 42, ``sampling/sampling_batch_info.py``); without it the
   copies of a prompt still differ but a rerun does not repeat them.
 - Log-probs (``layers/sampler.py``): ``log_softmax(logits / T)`` before top-k/top-p, rlctl's
   convention; an all-greedy batch (and ``SGLANG_RETURN_ORIGINAL_LOGPROB`` /
-  ``RETURN_ORIGINAL_LOGPROB``) gives ``log_softmax(logits)``.
+  ``RETURN_ORIGINAL_LOGPROB``) gives ``log_softmax(logits)``. "Greedy" is ``top_k <= 1``
+  (``sampling/sampling_batch_info.py`` ``is_all_greedy``, 0.5.3 and 0.5.23), so ``top_k = 1`` at
+  any temperature also returns log-probs without temperature.
 - Weights: ``update_weights_from_tensor`` returns ``(success, message)`` and never raises; from
   0.5.21 it must run between ``begin_weight_update()`` and ``end_weight_update()``
   (``managers/scheduler_components/weight_updater.py``), else it returns ``success=False``. Every
@@ -22,6 +26,9 @@ unit-tested against fakes built from those surfaces.
 - Memory: ``release_memory_occupation(tags)`` frees without a host copy unless
   ``enable_weights_cpu_backup`` (from 0.5.3); the adapter enables it and releases the weights only
   when it is there, else it releases just the KV cache (released weights come back as garbage).
+  The regions are ``sglang.srt.constants.GPU_MEMORY_ALL_TYPES``: ``kv_cache`` and ``weights`` in
+  0.5.3, plus ``cuda_graph`` in 0.5.23 (``scheduler_components/weight_updater.py`` pauses it only
+  when asked), so the adapter releases every region the installed version has.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from rlctl.engines.engine_fields import check_engine_kwargs
 from rlctl.engines.external_version import accepts, init_fields, installed_version, only_known
 from rlctl.engines.registry import register_engine
 from rlctl.engines.rollout_batch import (
@@ -44,8 +52,7 @@ from rlctl.engines.rollout_batch import (
 )
 from rlctl.errors import RunError, UserError
 
-# transformers attn_implementation -> SGLang attention_backend (sglang/srt/arg_groups/choices.py)
-ATTENTION_BACKENDS = {"flash_attention_2": "fa3"}
+FREED_WITHOUT_BACKUP = ("kv_cache", "cuda_graph")  # regions that hold no state worth keeping
 ORIGINAL_LOGPROB_ENV = ("SGLANG_RETURN_ORIGINAL_LOGPROB", "RETURN_ORIGINAL_LOGPROB")
 
 
@@ -53,9 +60,25 @@ def _import_sglang():
     try:
         return importlib.import_module("sglang")
     except ImportError as exc:
-        raise UserError(
-            "rollout backend 'sglang' needs the sglang package (pip install 'rlctl[sglang]')"
-        ) from exc
+        # the PyPI wheel is a CUDA 13 build (sglang 0.5.23 METADATA: cuda-python>=13.0)
+        how = (
+            "a ROCm build of SGLang (the ROCm SGLang container, or SGLang built from source)"
+            if getattr(torch.version, "hip", None)
+            else "pip install 'rlctl[sglang]'"
+        )
+        raise UserError(f"rollout backend 'sglang' needs the sglang package ({how})") from exc
+
+
+def memory_regions() -> tuple[str, ...]:
+    """The memory regions the installed SGLang can release (``sglang/srt/constants.py``)."""
+    try:
+        constants = importlib.import_module("sglang.srt.constants")
+    except ImportError:
+        return ("kv_cache", "weights")
+    listed = getattr(constants, "GPU_MEMORY_ALL_TYPES", None)  # 0.5.23; 0.5.3 has the constants only
+    if listed is None:
+        listed = [v for k, v in sorted(vars(constants).items()) if k.startswith("GPU_MEMORY_TYPE_")]
+    return tuple(listed)
 
 
 def _checked(result, what: str) -> None:
@@ -68,7 +91,8 @@ def _checked(result, what: str) -> None:
         raise RunError(f"SGLang {what} failed: {message or repr(result)}")
 
 
-@register_engine("rollout", model_type="*", backend="sglang", device="cuda")
+@register_engine("rollout", model_type="*", backend="sglang", device="cuda", vendor="rocm")
+@register_engine("rollout", model_type="*", backend="sglang", device="cuda", vendor="nvidia")
 class SGLangRolloutEngine:
     """Same surface as :class:`~rlctl.engines.hf_rollout.HFRolloutEngine`, backed by ``sglang.Engine``."""
 
@@ -78,7 +102,6 @@ class SGLangRolloutEngine:
         *,
         device: str = "cuda",
         dtype: str = "bfloat16",
-        attn_implementation: str = "sdpa",
         trust_remote_code: bool = False,
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.5,
@@ -86,13 +109,17 @@ class SGLangRolloutEngine:
         bucket_bytes: int = 256 << 20,
         **engine_kwargs,
     ):
-        """``engine_kwargs`` go to ``sglang.Engine`` as given (for settings rlctl does not know)."""
+        """``engine_kwargs``: the run's engine keywords (platform settings + ``rollout.engine_kwargs``),
+        each a field of the installed ``ServerArgs``."""
         refuse_tensor_parallel(tensor_parallel_size, "SGLang")
         sglang = _import_sglang()
         self.version = installed_version("sglang")
         self.bucket_bytes = bucket_bytes
         server_args = importlib.import_module("sglang.srt.server_args").ServerArgs
         fields = init_fields(server_args)
+        check_engine_kwargs(
+            "sglang", engine_kwargs, version=str(self.version), fields=fields, where="rollout.engine_kwargs"
+        )
         wanted: dict[str, object] = dict(
             model_path=str(model_path),
             dtype=dtype,
@@ -104,9 +131,6 @@ class SGLangRolloutEngine:
             trust_remote_code=trust_remote_code,
             skip_tokenizer_init=True,
         )
-        backend = ATTENTION_BACKENDS.get(attn_implementation)
-        if backend is not None:
-            wanted["attention_backend"] = backend
         kwargs = only_known(wanted, fields)
         kwargs.update(engine_kwargs)
         self.engine = sglang.Engine(**kwargs)
@@ -114,6 +138,7 @@ class SGLangRolloutEngine:
         sampling = importlib.import_module("sglang.srt.sampling.sampling_params").SamplingParams
         self._sampling_fields = init_fields(sampling)
         self._tags = accepts(self.engine.release_memory_occupation, "tags")
+        self._regions = memory_regions()
         self._session = hasattr(self.engine, "begin_weight_update")
         self.asleep_tags: set[str] = set()
 
@@ -122,8 +147,9 @@ class SGLangRolloutEngine:
     ) -> str | None:
         """None when generate() returns ``log_softmax(logits / T)`` untruncated; else why not."""
         raw = [name for name in ORIGINAL_LOGPROB_ENV if os.environ.get(name, "").lower() in ("1", "true")]
+        greedy = greedy or top_k == 1  # is_all_greedy: every request's top_k <= 1
         if (raw or greedy) and temperature != 1.0:
-            why = f"{raw[0]} is set" if raw else "greedy"
+            why = f"{raw[0]} is set" if raw else ("greedy" if top_k != 1 else "top_k=1 is greedy to SGLang")
             return (
                 f"sglang {self.version} log-probs are before temperature ({why}, temperature={temperature})"
             )
@@ -227,8 +253,13 @@ class SGLangRolloutEngine:
         self.asleep_tags -= set(tags)
 
     def sleep(self) -> None:
-        """Release the KV cache, and the weights when SGLang keeps a CPU copy of them."""
-        tags = ["kv_cache", "weights"] if self._release_weights else ["kv_cache"]
+        """Release the KV cache and the CUDA-graph region (where the version has one), and the
+        weights when SGLang keeps a CPU copy of them."""
+        tags = [
+            t
+            for t in self._regions
+            if t in FREED_WITHOUT_BACKUP or (t == "weights" and self._release_weights)
+        ]
         if not self._tags:
             raise RunError(f"sglang {self.version} cannot release memory by tag; install sglang>=0.5.3")
         self.engine.release_memory_occupation(tags=tags)

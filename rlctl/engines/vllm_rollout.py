@@ -6,10 +6,15 @@ unit-tested against fakes built from those surfaces. vllm-ascend is a vLLM platf
 the same ``LLM`` API, so the same adapter serves ``device="npu"``.
 
 - ``LLM(model, **kw)`` hands every extra keyword to ``EngineArgs`` (a dataclass: an unknown one is
-  a ``TypeError``, ``vllm/engine/arg_utils.py``), so only fields of the installed ``EngineArgs``
-  are passed. There is no ``attn_implementation``: ``flash_attention_2`` becomes
-  ``attention_config={"backend": "FLASH_ATTN"}`` where ``EngineArgs`` has ``attention_config``
-  (``vllm/config/attention.py``, 0.33); other choices keep vLLM's own backend selection.
+  a ``TypeError``, ``vllm/engine/arg_utils.py``), so rlctl's own keywords are passed only where
+  the installed ``EngineArgs`` has them, and the run's engine keywords (the platform's
+  ``engine_settings("vllm")`` under ``rollout.engine_kwargs``) must all be fields of it, else a
+  UserError names the key and the version. No attention backend is forced: vLLM picks its own
+  (forcing FLASH_ATTN asserts on ROCm and fails MLA models from 0.13, see ``rlctl.platforms.kernels``).
+- ``VLLM_ENABLE_V1_MULTIPROCESSING`` (default 1, ``vllm/envs.py`` 0.33.0) puts the engine core in a
+  child process, where ``collective_rpc`` serialises every tensor through host memory
+  (``vllm/v1/serial_utils.py`` ``_encode_tensor`` -> ``tensor_data``: ``.cpu()`` of each weight);
+  the adapter runs vLLM in-process (``0``) and overrides a ``1`` found in the environment, saying so.
 - One ``SamplingParams`` per request, each with its own ``seed``: vLLM seeds every request's
   generator with its ``seed`` (0.10.2 ``v1/worker/gpu_input_batch.py``; 0.33 V2 runner noise from
   ``(seed, position)``, ``v1/worker/gpu/sample/states.py``), so one shared seed would make a
@@ -35,6 +40,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from rlctl.engines.engine_fields import check_engine_kwargs
 from rlctl.engines.external_version import accepts, init_fields, installed_version, only_known, release
 from rlctl.engines.fingerprint import fingerprint_views
 from rlctl.engines.registry import register_engine
@@ -46,12 +52,12 @@ from rlctl.engines.rollout_batch import (
     stop_token_ids,
     unpadded_prompts,
 )
+from rlctl.engines.weight_layouts import fingerprint_unavailable
 from rlctl.errors import RunError, UserError
+from rlctl.log import get_logger
 
 EXTENSION = "rlctl.engines.vllm_rollout.RlctlWorkerExtension"
-# transformers attn_implementation -> vLLM AttentionBackendEnum name (vllm/v1/attention/backends/registry.py);
-# sdpa / eager have no vLLM counterpart other than its own default selection.
-ATTENTION_BACKENDS = {"flash_attention_2": "FLASH_ATTN"}
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 PROCESSED_AFTER_TEMPERATURE = (0, 10, 2)  # vllm/v1/sample/sampler.py: processed = after temperature
 
 
@@ -66,8 +72,11 @@ class RlctlWorkerExtension:
     def rlctl_weight_fingerprint(
         self, spec: list[tuple[str, tuple[int, ...]]]
     ) -> dict[str, tuple[float, float, str] | None]:
-        """Fingerprints of HF-named tensors read from the worker's model (see :func:`vllm_view`)."""
+        """Fingerprints of HF-named tensors read from the worker's model (see :func:`vllm_view`);
+        all None for a model class whose layout is not known (:mod:`.weight_layouts`)."""
         model = self.model_runner.model
+        if fingerprint_unavailable(type(model).__name__) is not None:
+            return {name: None for name, _ in spec}
         params = dict(model.named_parameters(remove_duplicate=False))
         return fingerprint_views(spec, lambda name, shape: vllm_view(model, params, name, shape))
 
@@ -106,15 +115,36 @@ def vllm_view(model, params: dict[str, torch.Tensor], name: str, shape: tuple[in
     return param
 
 
-def _import_vllm():
+def in_process() -> None:
+    """Run vLLM's engine core in this process: ``collective_rpc`` then passes tensors by reference."""
+    found = os.environ.get(MULTIPROCESSING_ENV)
+    if found not in (None, "0"):
+        get_logger("rlctl.engines").warning(
+            f"{MULTIPROCESSING_ENV}={found} in the environment would copy every synced weight through "
+            "host memory (vllm/v1/serial_utils.py); the rollout engine runs in-process (0) instead",
+        )
+    os.environ[MULTIPROCESSING_ENV] = "0"
+
+
+def install_hint(device: str) -> str:
+    """How to install vLLM for this worker's device: the PyPI wheel is a CUDA build only."""
+    if device == "npu":
+        return "pip install vllm, then the matching vllm-ascend (its compatibility matrix)"
+    if getattr(torch.version, "hip", None):
+        return "a ROCm build of vLLM (the rocm/vllm container, or vLLM built from source for ROCm)"
+    return "pip install 'rlctl[vllm]'"
+
+
+def _import_vllm(device: str = "cuda"):
     try:
         return importlib.import_module("vllm")
     except ImportError as exc:
-        raise UserError("rollout backend 'vllm' needs the vllm package (pip install 'rlctl[vllm]')") from exc
+        raise UserError(f"rollout backend 'vllm' needs the vllm package ({install_hint(device)})") from exc
 
 
-@register_engine("rollout", model_type="*", backend="vllm", device="npu")
-@register_engine("rollout", model_type="*", backend="vllm", device="cuda")
+@register_engine("rollout", model_type="*", backend="vllm", device="npu", vendor="ascend")
+@register_engine("rollout", model_type="*", backend="vllm", device="cuda", vendor="rocm")
+@register_engine("rollout", model_type="*", backend="vllm", device="cuda", vendor="nvidia")
 class VLLMRolloutEngine:
     """Same surface as :class:`~rlctl.engines.hf_rollout.HFRolloutEngine`, backed by ``vllm.LLM``."""
 
@@ -124,7 +154,6 @@ class VLLMRolloutEngine:
         *,
         device: str = "cuda",
         dtype: str = "bfloat16",
-        attn_implementation: str = "sdpa",
         trust_remote_code: bool = False,
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.5,
@@ -132,14 +161,18 @@ class VLLMRolloutEngine:
         bucket_bytes: int = 256 << 20,
         **llm_kwargs,
     ):
-        """``llm_kwargs`` go to ``vllm.LLM`` as given (for settings rlctl does not know)."""
+        """``llm_kwargs``: the run's engine keywords (platform settings + ``rollout.engine_kwargs``),
+        each a field of the installed ``EngineArgs``."""
         refuse_tensor_parallel(tensor_parallel_size, "vLLM")
-        vllm = _import_vllm()
+        vllm = _import_vllm(device)
         self._vllm = vllm
         self.version = installed_version("vllm")
         self.bucket_bytes = bucket_bytes
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # tensors by reference in collective_rpc
+        in_process()
         fields = init_fields(vllm.EngineArgs)
+        check_engine_kwargs(
+            "vllm", llm_kwargs, version=str(self.version), fields=fields, where="rollout.engine_kwargs"
+        )
         wanted: dict[str, object] = dict(
             dtype=dtype,
             tensor_parallel_size=1,
@@ -151,9 +184,6 @@ class VLLMRolloutEngine:
             skip_tokenizer_init=True,
             logprobs_mode="processed_logprobs",
         )
-        backend = ATTENTION_BACKENDS.get(attn_implementation)
-        if backend is not None:
-            wanted["attention_config"] = {"backend": backend}
         kwargs = only_known(wanted, fields)
         for required in ("enable_sleep_mode", "worker_extension_cls"):
             if required not in kwargs:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlctl.platforms.base import Candidate, Platform, ProbeResult, choose
+from rlctl.platforms.base import Candidate, EngineSettings, Platform, ProbeResult, choose
+from rlctl.platforms.kernels import SGLANG_NPU_SOURCE, VLLM_ASCEND_SOURCE
 
 DEFAULT_TOOLKIT = "/usr/local/Ascend/ascend-toolkit/latest"
 
@@ -32,12 +33,14 @@ class AscendPlatform(Platform):
     ray_resource = "NPU"
     device_type = "npu"
     torch_flavours = ("cpu",)  # torch_npu extends a CPU build of torch
-    engine_order = ("vllm", "sglang", "hf")
+    # SGLang is not an Ascend engine in rlctl (see kernels.SGLANG_NPU_SOURCE): ``auto`` never picks
+    # it here and an explicit ``rollout.engine = "sglang"`` is refused before any worker starts
+    engine_order = ("vllm", "hf")
     engine_dists = {
         "vllm": ("vllm", "vllm-ascend"),
-        "sglang": ("sglang",),
         "hf": ("transformers", "torch-npu"),
     }
+    unsupported_engines = {"sglang": SGLANG_NPU_SOURCE}
 
     def toolkit_home(self) -> str:
         env = self.host.env
@@ -90,8 +93,10 @@ class AscendPlatform(Platform):
     def engine_install_hint(self, engine: str) -> str:
         if engine == "vllm":
             return (
-                "pip install vllm and vllm-ascend from one row of the vllm-ascend compatibility matrix "
-                "(e.g. vllm==0.23.0 vllm-ascend==0.23.0 with CANN 9.1.0, torch_npu 2.10.0.post4)"
+                "pip install vllm, then vllm-ascend, from one row of the vllm-ascend compatibility matrix "
+                "(e.g. vllm==0.23.0 then vllm-ascend==0.23.0.post1 with CANN 9.1.0, Python 3.10-3.12: its "
+                "torch==2.10.0 and torch-npu==2.10.0.post4 replace vLLM's torch); not pip install "
+                "'rlctl[vllm]', which installs the CUDA wheel"
             )
         if engine == "hf":
             torch = self.host.torch.base_version
@@ -101,6 +106,24 @@ class AscendPlatform(Platform):
                 missing.append(npu)
             return "pip install " + " ".join(missing or ["transformers", npu])
         return super().engine_install_hint(engine)
+
+    def engine_settings(self, engine: str) -> EngineSettings:
+        """vllm-ascend picks its NPU attention backend itself; rollout runs eager, because ACL graphs
+        capture weight addresses and replay stale weights after an RL weight update."""
+        if engine == "vllm":
+            return EngineSettings(
+                "vllm",
+                None,
+                {"enforce_eager": True},
+                reason="vllm-ascend's own NPU backend (AscendAttentionBackend for a decoder model); "
+                "enforce_eager = true: ACL graphs replay the weights captured before a sync",
+                source=VLLM_ASCEND_SOURCE,
+            )
+        if engine == "sglang":
+            return EngineSettings(
+                "sglang", None, reason="not an Ascend engine in rlctl", source=SGLANG_NPU_SOURCE
+            )
+        return super().engine_settings(engine)
 
     def attention_candidates(self) -> list[Candidate]:
         npu = self.host.dists.get("torch-npu")

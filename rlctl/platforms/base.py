@@ -111,6 +111,8 @@ class Platform:
     torch_flavours: ClassVar[tuple[str, ...]] = ("cpu",)  # torch builds that work here
     engine_order: ClassVar[tuple[str, ...]] = ("hf",)
     engine_dists: ClassVar[dict[str, tuple[str, ...]]] = ENGINE_DISTS
+    # engines that exist but do not run on this platform in rlctl -> why (cited)
+    unsupported_engines: ClassVar[dict[str, str]] = {}
 
     def __init__(self, host: Host | None = None) -> None:
         self.host = host if host is not None else Host()
@@ -193,6 +195,15 @@ class Platform:
             return EngineSettings(engine, impl, {"attn_implementation": impl}, reason="platform choice")
         return EngineSettings(engine, None, reason="the engine's own choice")
 
+    def kernel_problem(self, engine: str, engine_kwargs: dict[str, Any]) -> str | None:
+        """Why ``engine_kwargs`` ask ``engine`` for a kernel that cannot run on this platform
+        (None: nothing known against them). Vendor plugins add what their engines assert."""
+        return None
+
+    def all_engine_settings(self) -> dict[str, EngineSettings]:
+        """:meth:`engine_settings` for training (``fsdp``) and every rollout engine of this platform."""
+        return {name: self.engine_settings(name) for name in ("fsdp", *self.engine_order)}
+
     def rollout_attention_candidates(self) -> list[Candidate]:
         """vLLM attention backends in preference order (empty where vLLM does not run)."""
         return []
@@ -258,8 +269,12 @@ class Platform:
                 return name, "installed (" + ", ".join(
                     f"{d} {self.host.dists.version(d)}" for d in needs
                 ) + ")"
+        stray = [n for n in self.unsupported_engines if self.host.dists.get(n) is not None]
+        not_here = (
+            f" ({', '.join(stray)} is installed but is not a {self.name} engine in rlctl)" if stray else ""
+        )
         return None, (
-            f"none of the {self.name} platform's rollout engines ({', '.join(wanted)}) is installed; "
+            f"none of the {self.name} platform's rollout engines ({', '.join(wanted)}) is installed{not_here}; "
             f'{self.engine_install_hint(wanted[0])}, or set rollout.engine = "hf" to use HF transformers'
         )
 
@@ -278,6 +293,7 @@ class Platform:
             env=self.host.env,
             details=self.probe().details,
             imports=imports,
+            python=self.host.python,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -295,6 +311,7 @@ class Platform:
             "attention_impl": self.attention_impl(),
             "attention_candidates": [vars(c) for c in self.attention_candidates()],
             "rollout_attention_candidates": [vars(c) for c in self.rollout_attention_candidates()],
+            "engine_settings": {k: v.to_dict() for k, v in self.all_engine_settings().items()},
             "rollout_engines": self.rollout_engines(),
             "rollout_engine_candidates": [vars(c) for c in self.rollout_engine_candidates()],
             "supported_dtypes": self.supported_dtypes(),

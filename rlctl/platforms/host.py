@@ -7,6 +7,7 @@ Every probe reads the machine through a ``Host`` so tests can hand it a fake sys
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -27,6 +28,7 @@ class Host:
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     path: Sequence[str] | None = None  # distribution search path; None = sys.path
     smi: SmiQuery = run_smi
+    python: str = field(default_factory=lambda: ".".join(map(str, sys.version_info[:3])))  # the interpreter
     _smi_cache: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlctl.platforms.base import Candidate, Platform, ProbeResult, choose
+from rlctl.platforms.base import Candidate, EngineSettings, Platform, ProbeResult, choose
+from rlctl.platforms.kernels import (
+    SGLANG_SOURCE,
+    VLLM_CUDA_SOURCE,
+    fa3_refusal,
+    sglang_cuda_pick,
+    vllm_cuda_pick,
+)
 
 # NVML error codes worth a specific hint (nvml.h; nvidia-ml-py pynvml.py NVML_ERROR_* constants)
 NVML_HINTS = {
@@ -95,6 +102,18 @@ class NvidiaPlatform(Platform):
         # value the user set wins (verl#7564: GB300-class systems run with NCCL_CUMEM_ENABLE=1)
         return {"NCCL_CUMEM_ENABLE": "0"}
 
+    def engine_install_hint(self, engine: str) -> str:
+        """PyPI's vllm 0.33.0 and sglang 0.5.23 wheels are CUDA 13 builds (sglang METADATA:
+        cuda-python>=13.0; vllm's cumem allocator links libnvrtc.so.13) that need driver >= 580."""
+        cuda = str(self.probe().details.get("cuda_driver") or "")
+        if engine in ("vllm", "sglang") and cuda and int(cuda.split(".")[0]) < 13:
+            return (
+                f"pip install 'rlctl[{engine}]' installs {engine}'s CUDA 13 wheel, which this driver "
+                f"(CUDA {cuda}) cannot run: upgrade the NVIDIA driver to >= 580, or install {engine}'s "
+                "CUDA 12 build (its install docs) with the torch it pins"
+            )
+        return super().engine_install_hint(engine)
+
     def compute_capability(self) -> tuple[int, int] | None:
         """Lowest compute capability among the GPUs NVML reported (None when unknown)."""
         ccs = [
@@ -139,6 +158,32 @@ class NvidiaPlatform(Platform):
                 ("eager", True, "plain PyTorch attention, always available"),
             ]
         )
+
+    def engine_settings(self, engine: str) -> EngineSettings:
+        """vLLM and SGLang keep their own attention choice on NVIDIA (see :mod:`.kernels`)."""
+        cc = self.compute_capability()
+        if engine == "vllm":
+            fi = self.host.dists.get("flashinfer-python") is not None
+            return EngineSettings(
+                "vllm",
+                None,
+                reason=f"vLLM's own choice: {vllm_cuda_pick(cc, fi)} for a decoder model",
+                source=VLLM_CUDA_SOURCE,
+            )
+        if engine == "sglang":
+            fi = self.host.dists.get("flashinfer-python") is not None
+            return EngineSettings(
+                "sglang",
+                None,
+                reason=f"SGLang's own choice: {sglang_cuda_pick(cc, fi)} for a decoder model (fa3 never forced)",
+                source=SGLANG_SOURCE,
+            )
+        return super().engine_settings(engine)
+
+    def kernel_problem(self, engine: str, engine_kwargs: dict) -> str | None:
+        if engine == "sglang" and engine_kwargs.get("attention_backend") == "fa3":
+            return fa3_refusal(self.compute_capability())
+        return super().kernel_problem(engine, engine_kwargs)
 
     def rollout_attention_candidates(self) -> list[Candidate]:
         """vLLM attention backends on NVIDIA, in preference order."""

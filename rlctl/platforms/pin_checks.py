@@ -2,18 +2,24 @@
 
 One small function per pin ``kind`` (``_EVAL``); :func:`evaluate_pin` never raises, so doctor, the
 trainer's preflight and the tests share one verdict for every pin in ``pins.toml``.
+:func:`evaluate_pins` (platform, engine) is the entry point for a run: one PASS/WARN/FAIL/SKIP
+verdict per pin, with the fix for this host.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from rlctl.platforms.dists import Dist, parse_version
-from rlctl.platforms.pins import Facts, Pin, PinOutcome
+from rlctl.platforms.pins import Facts, Pin, PinOutcome, load_pins
+
+if TYPE_CHECKING:
+    from rlctl.platforms.base import Platform
 
 
 def _contains(spec: str, version: str) -> bool:
@@ -90,8 +96,25 @@ def _cuda_driver(pin: Pin, f: Facts) -> PinOutcome:
     if floor and _release3(driver) < _release3(floor):
         problems.append(f"driver {driver} is below {floor}, the floor for CUDA {major}.x")
     if problems:
-        return PinOutcome("violated", "; ".join(problems) + f": {pin.symptom}")
+        return PinOutcome("violated", "; ".join(problems) + f": {pin.symptom}", _driver_fix(f, major, floor))
     return PinOutcome("ok", f"driver {driver} (CUDA {cuda_driver}) runs torch's CUDA {f.torch.cuda}")
+
+
+def _driver_fix(f: Facts, major: int, floor: str | None) -> str:
+    """The driver fix for this host: an engine that pins torch exactly rules out "another torch"
+    (vllm 0.33.0's PyPI wheel is a CUDA 13 build pinning torch==2.14.0)."""
+    newer = (
+        f"upgrade the NVIDIA driver to >= {floor} (CUDA {major}.x)" if floor else "upgrade the NVIDIA driver"
+    )
+    for engine in ("vllm", "sglang"):
+        d = _installed(f, engine)
+        req = d.requirement_on("torch") if d is not None else None
+        if req is not None and any(s.operator == "==" for s in req.specifier):
+            return (
+                f"{newer}, or install {engine}'s CUDA {major - 1} build ({engine} {d.version} pins "
+                f"torch{req.specifier}, so a torch for an older CUDA breaks it)"
+            )
+    return f"{newer}, or install a torch built for the driver's CUDA"
 
 
 def _rocm(pin: Pin, f: Facts) -> PinOutcome:
@@ -143,6 +166,8 @@ def _matrix_cell_ok(name: str, have: str | None, want: list[str]) -> tuple[bool,
         return False, ""
     if name == "cann":
         return normalize_cann(have) in {normalize_cann(w) for w in want}, ""
+    if name == "python":  # the row's "Python" column is a specifier (">=3.10,<3.13")
+        return any(_contains(w, have) for w in want), ""
     if name in ("torch", "torch-npu"):
         # same release is what the row pins; a different .postN build of the same release is noted
         ok = any(_release3(have) == _release3(w) for w in want)
@@ -168,7 +193,7 @@ def _matrix(pin: Pin, f: Facts) -> PinOutcome:
     bad, notes = [], []
     for name in pin.params["check"]:
         want = _as_list(row.get(name, []))
-        have = f.details.get("cann_version") if name == "cann" else f.dists.version(name)
+        have = {"cann": f.details.get("cann_version"), "python": f.python}.get(name) or f.dists.version(name)
         ok, note = _matrix_cell_ok(name, have, want)
         if not ok:
             bad.append(f"{name} {have or 'missing'} (wants {' or '.join(want)})")
@@ -204,7 +229,8 @@ def _env_unset(pin: Pin, f: Facts) -> PinOutcome:
     var = pin.params["variable"]
     unless = [u for u in pin.params.get("unless", []) if u in f.env]
     if var in f.env and unless:
-        return PinOutcome("ok", f"{var} is set, but so is {unless[0]}, which takes precedence")
+        note = pin.params.get("unless_note") or f"{unless[0]} takes precedence"
+        return PinOutcome("ok", f"{var} is set, and so is {unless[0]}: {note}")
     if var in f.env:
         return PinOutcome("violated", f"{var} is set: {pin.symptom}")
     return PinOutcome("ok", f"{var} is unset")
@@ -285,6 +311,9 @@ def evaluate_pin(pin: Pin, facts: Facts) -> PinOutcome:
     """Check one pin; never raises (an evaluation bug becomes ``unknown`` with the error)."""
     if not pin.applies_to(facts.platform):
         return PinOutcome("n/a", f"applies to {', '.join(pin.platforms)} only")
+    for pkg in pin.params.get("unless_installed") or ():
+        if facts.dists.get(pkg) is not None:
+            return PinOutcome("n/a", f"{pkg} is installed: its own pins apply instead")
     for pkg, spec in (pin.params.get("only_if") or {}).items():
         have = facts.dists.version(pkg)
         if have is None or not _contains(spec, have):
@@ -293,3 +322,71 @@ def evaluate_pin(pin: Pin, facts: Facts) -> PinOutcome:
         return _EVAL[pin.kind](pin, facts)
     except Exception as exc:  # keep doctor alive on odd metadata
         return PinOutcome("unknown", f"could not evaluate: {type(exc).__name__}: {exc}")
+
+
+@dataclass(frozen=True)
+class PinVerdict:
+    """One pin judged for a run: ``verdict`` PASS | WARN | FAIL | SKIP, with the fix for this host."""
+
+    id: str
+    verdict: str
+    status: str  # the PinOutcome status: ok | violated | n/a | unknown
+    reason: str
+    fix: str
+    severity: str
+    source: str
+    symptom: str
+
+    def to_dict(self) -> dict[str, str]:
+        return dict(vars(self))
+
+
+def _verdict(pin: Pin, out: PinOutcome) -> str:
+    if out.status == "ok":
+        return "PASS"
+    if out.status == "violated":
+        return "FAIL" if pin.severity == "fail" else "WARN"
+    if out.status == "unknown" and pin.kind != "import":
+        return "WARN"
+    return "SKIP"
+
+
+def evaluate_pins(
+    platform: Platform, engine: str | None = None, imports: Mapping[str, str] | None = None
+) -> list[PinVerdict]:
+    """Every shipped pin of ``platform`` judged on its host, for a run whose rollout engine is
+    ``engine`` (None: all engines, as ``rlctl doctor`` shows them). Pins about another rollout
+    engine's packages are SKIP for that run ("the run uses vllm"). Doctor's pin rows and the
+    trainer's preflight both come from here; a FAIL verdict must stop a run."""
+    facts = platform.facts(dict(imports) if imports is not None else None)
+    others: set[str] = set()
+    if engine is not None:
+        for name, dists in platform.engine_dists.items():
+            if name != engine:
+                others |= set(dists) - set(platform.engine_dists.get(engine, ()))
+        others |= {e for e in ("vllm", "sglang") if e != engine and e not in platform.engine_dists}
+        others -= {"transformers", "torch-npu"}  # shared by every engine on its platform
+    out: list[PinVerdict] = []
+    for pin in load_pins():
+        if not pin.applies_to(platform.name):
+            continue
+        if pin.package in others:
+            result = PinOutcome("n/a", f"the run's rollout engine is {engine}")
+        else:
+            result = evaluate_pin(pin, facts)
+        fix = result.fix or pin.fix if result.status in ("violated", "unknown") else ""
+        if result.status == "unknown" and pin.kind != "import" and not result.fix:
+            fix = f"check by hand: {pin.source}"
+        out.append(
+            PinVerdict(
+                pin.id,
+                _verdict(pin, result),
+                result.status,
+                result.reason,
+                fix,
+                pin.severity,
+                pin.source,
+                pin.symptom,
+            )
+        )
+    return out

@@ -69,6 +69,7 @@ class PinOutcome:
 
     status: str
     reason: str
+    fix: str = ""  # a fix for this host that replaces the pin's generic one ("" = the pin's)
 
 
 @dataclass
@@ -81,6 +82,7 @@ class Facts:
     env: Mapping[str, str]
     details: Mapping[str, Any] = field(default_factory=dict)
     imports: Mapping[str, str] | None = None  # module -> "" (imported) or error; None = not tried
+    python: str = field(default_factory=lambda: ".".join(map(str, sys.version_info[:3])))  # the interpreter
 
 
 def parse_pins(text: str, origin: str = "pins.toml") -> list[Pin]:

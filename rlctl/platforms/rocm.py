@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlctl.platforms.base import Candidate, Platform, ProbeResult, choose
+from rlctl.platforms.base import Candidate, EngineSettings, Platform, ProbeResult, choose
 from rlctl.platforms.dists import parse_version
+from rlctl.platforms.kernels import SGLANG_HIP_SOURCE, VLLM_ROCM_SOURCE, vllm_rocm_pick
 
 # Ray's shim that wraps amdsmi (Ray 2.60: "import amdsmi" at module level, ImportError caught)
 RAY_AMDSMI_SHIM = "ray/_private/thirdparty/pyamdsmi/pyamdsmi.py"
@@ -218,16 +219,81 @@ class RocmPlatform(Platform):
             ]
         )
 
+    def vllm_backend_pick(self) -> str:
+        """The attention backend the installed vLLM picks for a decoder model on this host."""
+        source = self.host.dists.locate("vllm", "vllm/platforms/rocm.py")
+        try:
+            text = source.read_text(encoding="utf-8", errors="replace") if source else None
+        except OSError:
+            text = None
+        in_source = None if text is None else "def _get_backend_priorities" in text
+        aiter = self.rollout_env().get("VLLM_ROCM_USE_AITER", "0").lower() in ("1", "true")
+        return vllm_rocm_pick(self.host.dists.version("vllm"), aiter, in_source)
+
+    def engine_settings(self, engine: str) -> EngineSettings:
+        """vLLM keeps its own choice (never FLASH_ATTN); SGLang its aiter default where aiter runs,
+        else ``triton`` (SGLang's HIP default imports aiter)."""
+        env = self.rollout_env()
+        if engine == "vllm":
+            return EngineSettings(
+                "vllm",
+                None,
+                env={k: v for k, v in env.items() if k.startswith("VLLM_")},
+                reason=f"vLLM's own choice: {self.vllm_backend_pick()} for a decoder model (FLASH_ATTN never forced)",
+                source=VLLM_ROCM_SOURCE,
+            )
+        if engine == "sglang":
+            aiter_ok, why = self._aiter_usable()
+            if aiter_ok:
+                return EngineSettings(
+                    "sglang",
+                    None,
+                    env={k: v for k, v in env.items() if k.startswith("SGLANG_")},
+                    reason=f"SGLang's own choice: aiter ({why})",
+                    source=SGLANG_HIP_SOURCE,
+                )
+            return EngineSettings(
+                "sglang",
+                "triton",
+                {"attention_backend": "triton"},
+                reason=f"triton: SGLang's HIP default aiter cannot run here ({why})",
+                source=SGLANG_HIP_SOURCE,
+            )
+        return super().engine_settings(engine)
+
+    def kernel_problem(self, engine: str, engine_kwargs: dict[str, Any]) -> str | None:
+        if engine == "vllm":
+            config = engine_kwargs.get("attention_config")
+            backend = config.get("backend") if isinstance(config, dict) else None
+            if "FLASH_ATTN" in (backend, engine_kwargs.get("attention_backend")):
+                return (
+                    "vLLM's FLASH_ATTN backend cannot run on ROCm: fa_utils.get_flash_attn_version returns "
+                    "None there and FlashAttentionImpl.forward asserts 'FlashAttention version not "
+                    "detected' (vllm 0.33.0 vllm/v1/attention/backends/fa_utils.py); leave the backend "
+                    f"unset (vLLM picks {self.vllm_backend_pick()})"
+                )
+        if engine == "sglang" and engine_kwargs.get("attention_backend") == "aiter":
+            aiter_ok, why = self._aiter_usable()
+            if not aiter_ok:
+                return f"SGLang's aiter backend imports the aiter package, which cannot run here ({why})"
+        return super().kernel_problem(engine, engine_kwargs)
+
     def rollout_attention_candidates(self) -> list[Candidate]:
-        """vLLM attention backends on ROCm, in preference order."""
+        """vLLM attention backends on ROCm in the installed vLLM's order (FLASH_ATTN never runs)."""
         aiter_ok, aiter_why = self._aiter_usable()
-        return choose(
-            [
-                ("ROCM_AITER_FA", aiter_ok, aiter_why + (" (VLLM_ROCM_USE_AITER=1)" if aiter_ok else "")),
-                ("ROCM_ATTN", True, "vLLM's ROCm paged attention"),
-                ("TRITON_ATTN", True, "Triton attention, portable"),
-            ]
-        )
+        pick = self.vllm_backend_pick()
+        order = ["ROCM_ATTN", "ROCM_AITER_FA", "TRITON_ATTN"]
+        if pick in order:
+            order.remove(pick)
+            order.insert(0, pick)
+        why = {
+            "ROCM_ATTN": (True, "vLLM's ROCm paged attention"),
+            "ROCM_AITER_FA": (aiter_ok, aiter_why + (" (VLLM_ROCM_USE_AITER=1)" if aiter_ok else "")),
+            "TRITON_ATTN": (True, "Triton attention, portable"),
+        }
+        options = [(name, *why[name]) for name in order]
+        options.append(("FLASH_ATTN", False, "asserts on ROCm: no FlashAttention version (fa_utils.py)"))
+        return choose(options)
 
     def supported_dtypes(self) -> list[str]:
         archs = self.probe().details.get("gfx_archs", [])

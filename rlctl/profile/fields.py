@@ -29,6 +29,8 @@ def field(
     meta = {"help": help, "gt": gt, "ge": ge, "le": le, "lt": lt, "choices": choices, "path": path}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
+    if isinstance(default, dict):
+        return dataclasses.field(default_factory=lambda: dict(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 

@@ -241,6 +241,10 @@ def _coerce(value: Any, hint: Any, label: str) -> Any:
         if not isinstance(value, list):
             raise UserError(f"{label}: expected a list, got {_show(value)}")
         return [_coerce(v, item, f"{label}[{i}]") for i, v in enumerate(value)]
+    if typing.get_origin(hint) is dict:  # a free table (rollout.engine_kwargs): checked where it is used
+        if not isinstance(value, dict):
+            raise UserError(f"{label}: expected a table, got {_show(value)}")
+        return dict(value)
     raise TypeError(f"unsupported schema type {hint!r}")  # a schema bug, not user input
 
 

@@ -9,6 +9,7 @@ Mini-batches count prompts (``actor.mini_batch_prompts``), micro-batches count s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rlctl.profile.fields import field
 
@@ -149,6 +150,15 @@ class RolloutSection:
         0.5, "vLLM/SGLang memory fraction (the HF engine reads none; leave it at 0.5).", gt=0, le=1
     )
     val_temperature: float = field(0.0, "Validation temperature (0 = greedy).", ge=0)
+    engine_kwargs: dict[str, Any] = field(
+        {},
+        "Extra keywords for the vllm/sglang engine, a TOML table (e.g. {max_model_len = 4096, "
+        "enforce_eager = true}); they win over the platform's engine settings (on Ascend "
+        "enforce_eager = true). Each key must be a field of the installed vllm.EngineArgs / sglang "
+        "ServerArgs (an unknown one exits 2 naming the key and the version); keys rlctl sets from other "
+        "profile keys (dtype, seed, memory fraction, tensor parallel, sleep mode) are refused, and so is "
+        "a kernel the platform knows cannot run (FLASH_ATTN on ROCm, fa3 off SM 8.x/9.0).",
+    )
 
 
 @dataclass

@@ -21,6 +21,7 @@ from tests.platforms.fakes import (
     rocm_host,
     touch,
 )
+from tests.platforms.vendor_hosts import ascend_910b, ascend_sglang_only, b200_sglang, h100, mi300x
 
 
 def doctor_json(host, monkeypatch, capsys, *args: str) -> tuple[int, dict]:
@@ -163,3 +164,112 @@ def test_usage_error_still_prints_json(monkeypatch, capsys):
 def test_unknown_vendor_prints_json(tmp_path, monkeypatch, capsys):
     code, doc = doctor_json(nvidia_host(tmp_path), monkeypatch, capsys, "--vendor", "bogus")
     assert code == 2 and "unknown platform 'bogus'" in doc["error"] and doc["checks"] == []
+
+
+# -- the per-vendor engine settings hosts (tests/platforms/vendor_hosts.py) --------------------------
+def test_h100_with_driver_570_is_told_driver_580_or_the_cuda12_build(tmp_path, monkeypatch, capsys):
+    """vllm 0.33.0's PyPI wheel is CUDA 13 and pins torch==2.14.0: another torch is no fix."""
+    code, doc = doctor_json(h100(tmp_path, "570.172.08"), monkeypatch, capsys)
+    pin = rows(doc)["pin:torch-cuda-driver"]
+    assert pin["verdict"] == "FAIL" and "driver 570.172.08 is below 580" in pin["reason"]
+    assert "upgrade the NVIDIA driver to >= 580" in pin["fix"] and "vllm's CUDA 12 build" in pin["fix"]
+    assert "install a torch" not in pin["fix"]
+    engine = rows(doc)["engine:vllm"]
+    assert (
+        engine["details"]["kernel"] is None
+        and "FLASH_ATTN" in engine["reason"]
+        and engine["details"]["engine_kwargs"] == {}
+    )
+    assert code == 1
+
+
+def test_h100_with_driver_580_passes(tmp_path, monkeypatch, capsys):
+    code, doc = doctor_json(h100(tmp_path, "580.82.07"), monkeypatch, capsys)
+    v = verdicts(doc)
+    assert v["pin:torch-cuda-driver"] == v["pin:vllm-torch"] == v["pin:vllm-transformers"] == "PASS"
+    assert rows(doc)["rollout-engine"]["reason"].startswith("vllm: installed (vllm 0.33.0)")
+    assert code == 0, [c for c in doc["checks"] if c["verdict"] == "FAIL"]
+
+
+def test_b200_sglang_is_never_told_fa3(tmp_path, monkeypatch, capsys):
+    code, doc = doctor_json(b200_sglang(tmp_path), monkeypatch, capsys)
+    engine = rows(doc)["engine:sglang"]
+    assert (
+        engine["details"]["kernel"] is None and "attention_backend" not in engine["details"]["engine_kwargs"]
+    )
+    assert "trtllm_mha" in engine["reason"] and "fa3 never forced" in engine["reason"]
+    assert rows(doc)["rollout-engine"]["reason"].startswith("sglang: installed")
+    assert verdicts(doc)["pin:sglang-torch"] == "PASS"
+    assert code == 0, [c for c in doc["checks"] if c["verdict"] == "FAIL"]
+
+
+def test_mi300x_with_cuda_visible_devices_and_noset(tmp_path, monkeypatch, capsys):
+    """ROCm vLLM + flash-attn: vLLM keeps ROCM_ATTN (not FLASH_ATTN, not ROCM_AITER_FA); the exported
+    CUDA_VISIBLE_DEVICES (vLLM raises at import) and verl's NOSET variable (every rank on GPU 0) FAIL."""
+    code, doc = doctor_json(mi300x(tmp_path), monkeypatch, capsys)
+    r, v = rows(doc), verdicts(doc)
+    assert (
+        r["attention"]["reason"].startswith("flash_attention_2")
+        and "(training and HF rollout)" in r["attention"]["reason"]
+    )
+    assert r["engine:vllm"]["details"]["kernel"] is None and "ROCM_ATTN" in r["engine:vllm"]["reason"]
+    assert r["engine:sglang"]["details"]["engine_kwargs"] == {"attention_backend": "triton"}
+    assert (
+        v["pin:rocm-cuda-visible-devices"] == "FAIL"
+        and "HIP_VISIBLE_DEVICES" in r["pin:rocm-cuda-visible-devices"]["fix"]
+    )
+    assert (
+        v["pin:ray-noset-hip-visible-devices"] == "FAIL"
+        and "GPU 0" in r["pin:ray-noset-hip-visible-devices"]["reason"]
+    )
+    assert v["pin:vllm-cuda-wheel-on-rocm"] == "PASS"
+    assert code == 1
+    code, doc = doctor_json(mi300x(tmp_path / "clean", env={}), monkeypatch, capsys)
+    assert code == 0, [c for c in doc["checks"] if c["verdict"] == "FAIL"]
+
+
+def test_ascend_910b_with_vllm_ascend_0_23_0_post1(tmp_path, monkeypatch, capsys):
+    """vllm 0.23.0 wants torch 2.11.0 but vllm-ascend 0.23.0.post1 (installed after it) pins 2.10.0 and
+    torch-npu 2.10.0.post4: the correct install passes, and vLLM's own torch pin does not apply."""
+    code, doc = doctor_json(ascend_910b(tmp_path), monkeypatch, capsys)
+    v, r = verdicts(doc), rows(doc)
+    assert v["pin:vllm-torch"] == "SKIP" and "vllm-ascend is installed" in r["pin:vllm-torch"]["reason"]
+    assert v["pin:vllm-ascend-torch"] == v["pin:vllm-ascend-torch-npu"] == "PASS"
+    assert v["pin:vllm-ascend-matrix"] == v["pin:vllm-ascend-vllm"] == "PASS"
+    assert "python >=3.10,<3.13" in r["pin:vllm-ascend-matrix"]["reason"]
+    assert r["engine:vllm"]["details"]["engine_kwargs"] == {"enforce_eager": True}
+    assert code == 0, [c for c in doc["checks"] if c["verdict"] == "FAIL"]
+
+
+def test_ascend_matrix_checks_the_python_column(tmp_path, monkeypatch, capsys):
+    host = ascend_910b(tmp_path)
+    host.python = "3.13.1"
+    code, doc = doctor_json(host, monkeypatch, capsys)
+    pin = rows(doc)["pin:vllm-ascend-matrix"]
+    assert pin["verdict"] == "FAIL" and "python 3.13.1 (wants >=3.10,<3.13)" in pin["reason"]
+
+
+def test_ascend_with_only_sglang_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    code, doc = doctor_json(ascend_sglang_only(tmp_path), monkeypatch, capsys)
+    engine = rows(doc)["rollout-engine"]
+    assert "sglang is installed but is not a ascend engine in rlctl" in engine["reason"]
+    assert (
+        "vllm-ascend" in engine["fix"] and "rlctl[vllm]" in engine["fix"]
+    )  # "not pip install 'rlctl[vllm]'"
+    assert "engine:sglang" not in rows(doc)
+
+
+def test_evaluate_pins_is_per_engine(tmp_path):
+    """The run's preflight: pins of an engine the run does not use are SKIP."""
+    from rlctl.platforms.nvidia import NvidiaPlatform
+    from rlctl.platforms.pin_checks import evaluate_pins
+    from tests.platforms.fakes import make_dist
+
+    host = h100(tmp_path, "580.82.07")
+    make_dist(tmp_path / "site", "sglang", "0.5.23", requires=("torch==2.14.1",))  # wrong torch for SGLang
+    p = NvidiaPlatform(host)
+    all_engines = {v.id: v.verdict for v in evaluate_pins(p)}
+    assert all_engines["pin:sglang-torch".removeprefix("pin:")] == "FAIL"
+    vllm_run = {v.id: v for v in evaluate_pins(p, "vllm")}
+    assert vllm_run["sglang-torch"].verdict == "SKIP" and vllm_run["vllm-torch"].verdict == "PASS"
+    assert {v.id: v.verdict for v in evaluate_pins(p, "sglang")}["sglang-torch"] == "FAIL"

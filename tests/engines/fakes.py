@@ -32,7 +32,11 @@ the version is modelled from the source (paths inside the wheels):
   ``sglang/srt/managers/scheduler_components/weight_updater.py``): ``update_weights_from_tensor``
   outside ``begin_weight_update()`` / ``end_weight_update()`` returns ``(False, message)``.
 - SGLang memory saver: released weights come back as garbage (zeros here) unless
-  ``enable_weights_cpu_backup``; resuming what is not released raises ``KeyError``.
+  ``enable_weights_cpu_backup``; resuming what is not released raises ``KeyError``. The regions are
+  the surface's ``memory_regions`` (``sglang/srt/constants.py``: ``GPU_MEMORY_ALL_TYPES`` = kv_cache,
+  weights, cuda_graph in 0.5.23; 0.5.3 has kv_cache and weights); ``resident()`` is what a tagged
+  release left in device memory (0.5.23 ``scheduler_components/weight_updater.py`` pauses only the
+  tags it is given; no tags means all of them).
 """
 
 from __future__ import annotations
@@ -54,7 +58,11 @@ from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.engines.sampling import filter_top_k_top_p
 
 SURFACES = Path(__file__).parent / "surfaces"
-VLLM_VERSIONS = ("0.10.2", "0.33.0")  # the floor rlctl pins and the newest release
+VLLM_VERSIONS = (
+    "0.10.2",
+    "0.13.0",
+    "0.33.0",
+)  # the floor rlctl pins, the first that validates a forced backend, the newest
 SGLANG_VERSIONS = ("0.5.3", "0.5.23")
 _EPS = 1e-5  # vLLM / SGLang _SAMPLING_EPS
 
@@ -216,9 +224,11 @@ def _zero_weights(hf: HFRolloutEngine) -> None:
 
 # -- vLLM --------------------------------------------------------------------------------------------------
 def make_fake_vllm(
-    calls: list, version: str = VLLM_VERSIONS[-1], surface: dict | None = None
+    calls: list, version: str = VLLM_VERSIONS[-1], surface: dict | None = None, *, rocm: bool = False, **_
 ) -> types.ModuleType:
-    """A ``vllm`` module of ``version``; every call is appended to ``calls``."""
+    """A ``vllm`` module of ``version``; every call is appended to ``calls``. ``rocm``: the ROCm
+    build, where FLASH_ATTN asserts in its first forward (``fa_utils.get_flash_attn_version``
+    returns None on ROCm; ``FlashAttentionImpl.forward`` asserts, vllm 0.33.0)."""
     s = surface or load_surface("vllm", version)
     rel = release(version)
     vllm = types.ModuleType("vllm")
@@ -253,7 +263,9 @@ def make_fake_vllm(
 
     class Worker:
         def __init__(self, hf):
-            self.model_runner = types.SimpleNamespace(model=_LoadWeights(hf))
+            # vLLM's model class is named after the HF architecture (vllm/model_executor/models/registry.py)
+            arch = (getattr(hf.model.config, "architectures", None) or ["Qwen2ForCausalLM"])[0]
+            self.model_runner = types.SimpleNamespace(model=type(arch, (_LoadWeights,), {})(hf))
 
     def __init__(self, **given):
         args = EngineArgs(**given)  # vllm/entrypoints/llm.py: every keyword ends in EngineArgs(...)
@@ -266,6 +278,8 @@ def make_fake_vllm(
             backend = attention.get("backend")
             if backend is not None and backend not in s["attention_backends"]["names"]:
                 raise ValueError(f"Invalid attention backend {backend!r}")
+            if rocm and backend == "FLASH_ATTN":  # LLM() runs a forward in its memory profiling
+                raise AssertionError("FlashAttention version not detected.")
         calls.append(("LLM", given))
         self.engine_args, self.logprobs_mode = args, mode
         self.hf = HFRolloutEngine(given["model"])
@@ -427,13 +441,28 @@ class _LoadWeights:
 
 
 # -- SGLang ------------------------------------------------------------------------------------------------
-def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: dict | None = None) -> dict:
-    """``{module name: module}`` for ``sglang`` of ``version`` (put every one into sys.modules)."""
+def make_fake_sglang(
+    calls: list,
+    version: str = SGLANG_VERSIONS[-1],
+    surface: dict | None = None,
+    *,
+    device_capability: tuple[int, int] = (9, 0),
+    **_,
+) -> dict:
+    """``{module name: module}`` for ``sglang`` of ``version`` (put every one into sys.modules).
+    ``attention_backend="fa3"`` asserts off SM 8.x/9.0 as ``create_flashattention_v3_backend`` does
+    (sglang 0.5.23 ``layers/attention/attention_registry.py``) on ``device_capability``."""
     s = surface or load_surface("sglang", version)
     rel = release(version)
     sglang = types.ModuleType("sglang")
     sglang.__version__ = version
     server_args_mod = types.ModuleType("sglang.srt.server_args")
+    constants_mod = types.ModuleType("sglang.srt.constants")
+    regions = list(s["memory_regions"]["names"])
+    for region in regions:
+        setattr(constants_mod, f"GPU_MEMORY_TYPE_{region.upper()}", region)
+    if "cuda_graph" in regions:  # the list exists from the release that added cuda_graph
+        constants_mod.GPU_MEMORY_ALL_TYPES = regions
     sampling_mod = types.ModuleType("sglang.srt.sampling.sampling_params")
     ServerArgs = struct_type("ServerArgs", s["ServerArgs"], {"random_seed": None})
 
@@ -452,6 +481,10 @@ def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: d
 
     def __init__(self, **kwargs):
         self.server_args = ServerArgs(**kwargs)  # sglang/srt/entrypoints/engine.py: ServerArgs(**kwargs)
+        if kwargs.get("attention_backend") == "fa3" and device_capability[0] not in (8, 9):
+            raise AssertionError(
+                "FlashAttention v3 Backend requires SM>=80 and SM<=90. Please use `--attention-backend flashinfer`."
+            )
         calls.append(("Engine", kwargs))
         self.hf = HFRolloutEngine(kwargs["model_path"])
         self.released: set[str] = set()
@@ -521,7 +554,7 @@ def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: d
     def release_memory_occupation(self, tags=None):
         calls.append(("release_memory_occupation", tags))
         assert self.server_args.enable_memory_saver, "release_memory_occupation needs enable_memory_saver"
-        tags = set(tags) if tags is not None else {"weights", "kv_cache"}
+        tags = set(tags) if tags else set(regions)
         if "weights" in tags:
             backup = getattr(self.server_args, "enable_weights_cpu_backup", False)
             self.host_copy = copy.deepcopy(self.hf.model.state_dict()) if backup else None
@@ -529,7 +562,7 @@ def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: d
 
     def resume_memory_occupation(self, tags=None):
         calls.append(("resume_memory_occupation", tags))
-        tags = set(tags) if tags is not None else {"weights", "kv_cache"}
+        tags = set(tags) if tags else set(regions)
         for tag in tags:
             if tag not in self.released:
                 raise KeyError(tag)  # torch_memory_saver: resuming what is not paused
@@ -542,6 +575,10 @@ def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: d
 
     def flush_cache(self):
         return True
+
+    def resident(self):
+        """Memory regions still held on the device."""
+        return set(regions) - self.released
 
     def shutdown(self):
         pass
@@ -557,11 +594,12 @@ def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: d
         "flush_cache": flush_cache,
         "shutdown": shutdown,
     }
+    extra = {"resident": resident}
     methods = {
         name: recorded_method(f"Engine.{name}", spec, impls[name])
         for name, spec in s["Engine"]["methods"].items()
     }
-    sglang.Engine = type("Engine", (), methods)
+    sglang.Engine = type("Engine", (), {**methods, **extra})
     server_args_mod.ServerArgs = ServerArgs
     sampling_mod.SamplingParams = SamplingParams
     srt = types.ModuleType("sglang.srt")
@@ -576,20 +614,28 @@ def make_fake_sglang(calls: list, version: str = SGLANG_VERSIONS[-1], surface: d
         "sglang": sglang,
         "sglang.srt": srt,
         "sglang.srt.server_args": server_args_mod,
+        "sglang.srt.constants": constants_mod,
         "sglang.srt.sampling": sampling_pkg,
         "sglang.srt.sampling.sampling_params": sampling_mod,
     }
 
 
 def install(
-    monkeypatch, tmp_path: Path, package: str, version: str, calls: list, surface: dict | None = None
+    monkeypatch,
+    tmp_path: Path,
+    package: str,
+    version: str,
+    calls: list,
+    surface: dict | None = None,
+    **hardware,
 ):
-    """Put the fake ``package==version`` into ``sys.modules`` with its dist metadata on ``sys.path``."""
+    """Put the fake ``package==version`` into ``sys.modules`` with its dist metadata on ``sys.path``;
+    ``hardware`` (``rocm=True``, ``device_capability=(10, 0)``) switches on the kernel asserts."""
     root = tmp_path / f"site-{package}-{version}"
     install_dist(root, package, version)
     monkeypatch.syspath_prepend(str(root))
     if package == "vllm":
-        monkeypatch.setitem(sys.modules, "vllm", make_fake_vllm(calls, version, surface))
+        monkeypatch.setitem(sys.modules, "vllm", make_fake_vllm(calls, version, surface, **hardware))
     else:
-        for name, module in make_fake_sglang(calls, version, surface).items():
+        for name, module in make_fake_sglang(calls, version, surface, **hardware).items():
             monkeypatch.setitem(sys.modules, name, module)

@@ -21,7 +21,7 @@ from tests.engines.helpers import EOS, PAD, make_batch, make_model
 
 torch.set_num_threads(1)
 STOPS = [EOS, *range(5, 16)]
-CONTRACT = dict(device="cuda", dtype="float32", attn_implementation="sdpa", trust_remote_code=False)
+CONTRACT = dict(device="cuda", dtype="float32", trust_remote_code=False)
 VERSIONS = [("vllm", v) for v in VLLM_VERSIONS] + [("sglang", v) for v in SGLANG_VERSIONS]
 IDS = [f"{p}-{v}" for p, v in VERSIONS]
 ENGINES = {"vllm": VLLMRolloutEngine, "sglang": SGLangRolloutEngine}
@@ -70,10 +70,20 @@ def _reference(model_path, out, temperature):
 
 
 # -- construction: only keywords the version has -------------------------------------------------------
-def test_registered_for_cuda_and_npu():
-    assert get_engine("rollout", "qwen2", "vllm", "cuda") is VLLMRolloutEngine
-    assert get_engine("rollout", "qwen2", "vllm", "npu") is VLLMRolloutEngine  # vllm-ascend plugin
-    assert get_engine("rollout", "qwen2", "sglang", "cuda") is SGLangRolloutEngine
+def test_registered_per_vendor():
+    """The registry is keyed by vendor: vLLM on NVIDIA, ROCm and Ascend (vllm-ascend), SGLang on
+    NVIDIA and ROCm only; no vendor, or another one, finds neither."""
+    for device, vendor in (("cuda", "nvidia"), ("cuda", "rocm"), ("npu", "ascend")):
+        assert get_engine("rollout", "qwen2", "vllm", device, vendor) is VLLMRolloutEngine
+    for vendor in ("nvidia", "rocm"):
+        assert get_engine("rollout", "qwen2", "sglang", "cuda", vendor) is SGLangRolloutEngine
+    for backend, device, vendor in (
+        ("sglang", "npu", "ascend"),
+        ("vllm", "cuda", None),
+        ("vllm", "cuda", "xpu"),
+    ):
+        with pytest.raises(UserError, match=f"no rollout engine for backend='{backend}'"):
+            get_engine("rollout", "qwen2", backend, device, vendor)
 
 
 @pytest.mark.parametrize(("package", "version"), VERSIONS, ids=IDS)
@@ -93,26 +103,38 @@ def test_old_adapter_keywords_raise_like_the_real_library(package, version, mode
 
 
 @pytest.mark.parametrize(("package", "version"), VERSIONS, ids=IDS)
-@pytest.mark.parametrize("attn", ["sdpa", "flash_attention_2", "eager"])
-def test_constructs_with_only_recorded_keywords(package, version, attn, models, monkeypatch, tmp_path):
-    _, calls = build(monkeypatch, tmp_path, models, package, version, attn_implementation=attn)
+def test_constructs_with_only_recorded_keywords(package, version, models, monkeypatch, tmp_path):
+    _, calls = build(monkeypatch, tmp_path, models, package, version)
     surface = load_surface(package, version)
     passed = calls[0][1]
     if package == "vllm":
-        fields = set(surface["EngineArgs"]["fields"])
-        assert set(passed) <= fields
+        assert set(passed) <= set(surface["EngineArgs"]["fields"])
         assert passed["enable_sleep_mode"] and passed["logprobs_mode"] == "processed_logprobs"
         assert passed["gpu_memory_utilization"] == 0.5 and passed["tensor_parallel_size"] == 1
-        has_config = "attention_config" in fields
-        assert ("attention_config" in passed) == (has_config and attn == "flash_attention_2")
-        if "attention_config" in passed:
-            assert passed["attention_config"] == {"backend": "FLASH_ATTN"}
+        assert "attention_config" not in passed  # vLLM's own choice
     else:
         assert set(passed) <= set(surface["ServerArgs"]["fields"])
         assert passed["enable_memory_saver"] and passed["enable_weights_cpu_backup"]
         assert passed["mem_fraction_static"] == 0.5 and passed["tp_size"] == 1
-        assert passed.get("attention_backend") == ("fa3" if attn == "flash_attention_2" else None)
-        assert "fa3" in surface["attention_backends"]
+        assert "attention_backend" not in passed  # SGLang's own choice, never a forced fa3
+
+
+@pytest.mark.parametrize(("package", "version"), VERSIONS, ids=IDS)
+def test_engine_keywords_reach_the_engine_or_name_key_and_version(
+    package, version, models, monkeypatch, tmp_path
+):
+    """Engine keywords (platform settings + rollout.engine_kwargs) go to the engine when the version
+    has the field, and an unknown one is a UserError naming the key and the installed version
+    (the real libraries raise a bare TypeError from inside EngineArgs / ServerArgs)."""
+    known = {"vllm": {"enforce_eager": True}, "sglang": {"attention_backend": "triton"}}[package]
+    _, calls = build(monkeypatch, tmp_path, models, package, version, **known)
+    assert {k: calls[0][1][k] for k in known} == known
+    with pytest.raises(
+        UserError, match=rf"rollout\.engine_kwargs\.max_mode_len: {package} {version} has no "
+    ):
+        build(monkeypatch, tmp_path, models, package, version, max_mode_len=4096)
+    with pytest.raises(UserError, match=r"rollout\.engine_kwargs\.attn_implementation: "):
+        build(monkeypatch, tmp_path, models, package, version, attn_implementation="sdpa")
 
 
 def test_attention_config_is_refused_by_the_floor(models, monkeypatch, tmp_path):
@@ -165,6 +187,8 @@ SETTINGS = [
     dict(temperature=0.7, top_p=1.0, top_k=5),
     dict(temperature=1.0, top_p=1.0, top_k=0, greedy=True),
     dict(temperature=0.7, top_p=1.0, top_k=0, greedy=True),
+    # SGLang: top_k <= 1 is greedy (sampling_batch_info.py is_all_greedy): log-probs without temperature
+    dict(temperature=0.7, top_p=1.0, top_k=1),
 ]
 
 
@@ -187,6 +211,9 @@ def test_log_prob_gap_per_engine(package, version, models, monkeypatch, tmp_path
     assert engine.log_prob_gap(temperature=0.7, top_p=1.0, top_k=0) is None
     assert engine.log_prob_gap(temperature=1.0, top_p=1.0, top_k=0, greedy=True) is None
     assert "temperature" in engine.log_prob_gap(temperature=0.6, top_p=1.0, top_k=0, greedy=True)
+    if package == "sglang":  # top_k=1 is greedy to SGLang at any temperature
+        assert "top_k=1" in engine.log_prob_gap(temperature=0.7, top_p=1.0, top_k=1)
+        assert engine.log_prob_gap(temperature=1.0, top_p=1.0, top_k=1) is None
     truncated = engine.log_prob_gap(temperature=1.0, top_p=0.9, top_k=20)
     if package == "vllm":  # processed log-probs are renormalised over the nucleus
         assert "top-k/top-p" in truncated
@@ -290,7 +317,8 @@ def test_update_weights_in_buckets_then_generation_uses_them(adapter, models):
     else:
         updates = [c for c in calls if c[0] == "update_weights_from_tensor"]
         assert len(updates) > 1 and [u[2] for u in updates] == [False] * (len(updates) - 1) + [True]
-        assert ("release_memory_occupation", ["kv_cache", "weights"]) in calls
+        regions = load_surface("sglang", version)["memory_regions"]["names"]
+        assert ("release_memory_occupation", regions) in calls  # every region, cuda_graph included
         session = "begin_weight_update" in load_surface("sglang", version)["Engine"]["methods"]
         if session:
             first, last = (
@@ -312,7 +340,22 @@ def test_update_while_asleep_wakes_the_weights_first(adapter, models):
         assert ("wake_up", ["weights"]) in calls and ("wake_up", ["kv_cache"]) in calls
     else:
         assert ("resume_memory_occupation", ["weights"]) in calls
-        assert ("resume_memory_occupation", ["kv_cache"]) in calls
+        rest = sorted(
+            set(load_surface("sglang", engine.version.public)["memory_regions"]["names"]) - {"weights"}
+        )
+        assert ("resume_memory_occupation", rest) in calls
+        assert engine.engine.resident() == {"kv_cache", "weights", *rest}
+
+
+@pytest.mark.parametrize("version", SGLANG_VERSIONS)
+def test_sglang_sleep_leaves_no_region_resident(version, models, monkeypatch, tmp_path):
+    """SGLang 0.5.23 has a cuda_graph region (constants.py GPU_MEMORY_ALL_TYPES) that a release of
+    kv_cache + weights leaves in device memory; the adapter releases every region it has."""
+    engine, _ = build(monkeypatch, tmp_path, models, "sglang", version)
+    engine.sleep()
+    assert engine.engine.resident() == set()
+    engine.wake()
+    assert engine.engine.resident() == set(load_surface("sglang", version)["memory_regions"]["names"])
 
 
 def test_sglang_update_outside_a_session_fails_on_the_newest(models, monkeypatch, tmp_path):
@@ -417,3 +460,30 @@ def test_assemble_rollout_pads_and_masks_any_lengths(lens, max_new):
     assert "rollout_log_probs" not in assemble_rollout(
         prompts, pmask, responses, None, n=n, max_new_tokens=max_new, pad_token_id=0
     )
+
+
+@pytest.mark.parametrize("found", [None, "1", "0"])
+def test_vllm_runs_in_process_even_when_multiprocessing_is_exported(found, models, monkeypatch, tmp_path):
+    """VLLM_ENABLE_V1_MULTIPROCESSING=1 (vllm 0.33.0 envs.py default) would put the engine core in a
+    child process, and collective_rpc would copy each synced weight through host memory
+    (v1/serial_utils.py _encode_tensor -> tensor_data: .cpu()); the adapter's old setdefault kept a 1."""
+    import os
+
+    if found is None:
+        monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", found)
+    build(monkeypatch, tmp_path, models, "vllm", VLLM_VERSIONS[-1])
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def test_vllm_install_hint_follows_the_device(monkeypatch):
+    from rlctl.engines import vllm_rollout
+
+    assert "vllm-ascend" in vllm_rollout.install_hint("npu")
+    monkeypatch.setattr(torch.version, "hip", "7.0.51831", raising=False)
+    assert "ROCm build" in vllm_rollout.install_hint(
+        "cuda"
+    ) and "rlctl[vllm]" not in vllm_rollout.install_hint("cuda")
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    assert vllm_rollout.install_hint("cuda") == "pip install 'rlctl[vllm]'"

@@ -24,7 +24,7 @@ from tests.engines.fakes import SGLANG_VERSIONS, VLLM_VERSIONS, install
 from tests.engines.helpers import make_model
 
 torch.set_num_threads(1)
-CONTRACT = dict(device="cuda", dtype="float32", attn_implementation="sdpa", trust_remote_code=False)
+CONTRACT = dict(device="cuda", dtype="float32", trust_remote_code=False)
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +179,36 @@ def test_fsdp_shards_fingerprint_like_the_full_tensors(tmp_path):
     result = torch.load(out)
     assert set(result["sharded"]) == set(result["full"])
     assert [n for n in result["full"] if not same(result["sharded"][n], result["full"][n])] == []
+
+
+def _extension_over(arch: str, params: dict[str, torch.Tensor]):
+    """The worker extension over a vLLM model of class ``arch`` holding ``params``."""
+    from rlctl.engines.vllm_rollout import RlctlWorkerExtension
+
+    model = type(arch, (), {"named_parameters": lambda self, remove_duplicate=True: iter(params.items())})()
+    ext = RlctlWorkerExtension.__new__(RlctlWorkerExtension)
+    ext.model_runner = types.SimpleNamespace(model=model)
+    return ext
+
+
+@pytest.mark.parametrize(
+    "arch",
+    ["GPT2LMHeadModel", "BloomForCausalLM", "FalconForCausalLM", "GPTNeoXForCausalLM", "NewArchForCausalLM"],
+)
+def test_vllm_layouts_rlctl_cannot_read_are_not_available_never_a_failure(arch):
+    """GPT-2: vLLM stores Conv1D weights transposed under the same name and (square) shape
+    (vllm 0.33.0 models/gpt2.py _transpose_conv1d); Bloom/Falcon/GPT-NeoX reorder query_key_value
+    in place. Reading them as HF tensors would call a correct sync wrong: they are None."""
+    hf = torch.randn(16, 16)
+    name = "transformer.h.0.attn.c_proj.weight"
+    trainer = fingerprint_params([(name, hf)])
+    got = _extension_over(arch, {name: hf.t().contiguous()}).rlctl_weight_fingerprint([(name, (16, 16))])
+    assert got == {name: None}
+    assert not same(trainer[name], checksum(name, hf.t().contiguous()))  # what reading it would say
+
+
+def test_vllm_known_layout_is_read():
+    w = torch.randn(16, 16)
+    name = "model.layers.0.mlp.down_proj.weight"
+    got = _extension_over("Qwen2ForCausalLM", {name: w}).rlctl_weight_fingerprint([(name, (16, 16))])
+    assert same(fingerprint_params([(name, w)])[name], got[name])

@@ -240,3 +240,16 @@ def test_same_base_is_release_equality(tmp_path_factory, a, b, post):
     make_dist(site, "torch", ".".join(map(str, b)))
     out = evaluate_pin(PINS["torch-npu-base"], facts(site, "ascend"))
     assert out.status == ("ok" if a == b else "violated")
+
+
+def test_rocr_with_hip_is_explained_as_torch_applies_them(tmp_path):
+    """torch cuda/__init__.py _parse_visible_devices: ROCR is processed first, HIP selects among
+    what it leaves (the old text said HIP 'takes precedence')."""
+    from rlctl.platforms.pin_checks import evaluate_pins
+    from rlctl.platforms.rocm import RocmPlatform
+    from tests.platforms.fakes import rocm_host
+
+    env = {"ROCR_VISIBLE_DEVICES": "0,1,2,3", "HIP_VISIBLE_DEVICES": "0,1"}
+    v = {p.id: p for p in evaluate_pins(RocmPlatform(rocm_host(tmp_path, env=env)))}["rocr-visible-devices"]
+    assert v.verdict == "PASS" and "ROCR_VISIBLE_DEVICES is applied first" in v.reason
+    assert "takes precedence" not in v.reason

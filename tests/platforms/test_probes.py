@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 from hypothesis import given
@@ -134,8 +135,17 @@ def test_rocm_aiter_and_ck_flash_attn(tmp_path):
     assert p.rollout_env()["SGLANG_USE_AITER"] == "1"
     assert p.attention_impl() == "flash_attention_2"
     assert "CK backend" in p.attention_candidates()[0].reason
+    # vllm 0.13.0 vllm/platforms/rocm.py: VLLM_ROCM_USE_AITER=1 on gfx9 -> ROCM_AITER_FA
+    make_dist(site, "vllm", "0.13.0+rocm700")
+    p = RocmPlatform(rocm_host(tmp_path))
     assert p.rollout_attention_candidates()[0].name == "ROCM_AITER_FA"
     assert p.rollout_attention_candidates()[0].chosen
+    # vllm 0.33.0 vllm/platforms/rocm.py _get_backend_priorities: ROCM_ATTN before ROCM_AITER_FA
+    for d in site.glob("vllm-*.dist-info"):
+        shutil.rmtree(d)
+    make_dist(site, "vllm", "0.33.0+rocm700")
+    p = RocmPlatform(rocm_host(tmp_path))
+    assert [c.name for c in p.rollout_attention_candidates() if c.chosen] == ["ROCM_ATTN"]
 
 
 def test_rocm_unlisted_arch_needs_triton_flash_attn(tmp_path):
@@ -177,7 +187,7 @@ def test_ascend_rollout_engine_needs_vllm_ascend(tmp_path):
     site = tmp_path / "site"
     make_dist(site, "vllm", "0.11.0")
     p = AscendPlatform(ascend_host(tmp_path))
-    assert p.rollout_engines() == ["vllm", "sglang", "hf"]
+    assert p.rollout_engines() == ["vllm", "hf"]  # SGLang is not registered for Ascend
     assert p.rollout_engine() is None  # auto never falls back to HF on an accelerator
     assert 'rollout.engine = "hf"' in p.auto_rollout_engine()[1]
     assert "vllm-ascend missing" in p.rollout_engine_candidates()[0].reason

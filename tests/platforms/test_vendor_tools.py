@@ -118,7 +118,8 @@ def test_unrelated_pypi_aiter_does_not_switch_on_aiter(tmp_path):
     make_dist(tmp_path / "site", "aiter", "0.13.20191203")  # async-iterator helpers on PyPI
     p = RocmPlatform(rocm_host(tmp_path))
     assert "VLLM_ROCM_USE_AITER" not in p.rollout_env()
-    assert p.rollout_attention_candidates()[0].reason == "amd-aiter not installed"
+    aiter_fa = next(c for c in p.rollout_attention_candidates() if c.name == "ROCM_AITER_FA")
+    assert aiter_fa.reason == "amd-aiter not installed" and not aiter_fa.chosen
 
 
 def test_rocm_engine_hint_is_not_the_cuda_wheel(tmp_path):

@@ -28,7 +28,7 @@ def _gib(n: float | int | None) -> str:
 def engine_max_model_len(profile: Profile, model_max: int) -> tuple[int, str]:
     """What the rollout engine will take as ``max_model_len``: the profile's engine keyword when
     set, else the model's ``max_position_embeddings`` (vLLM's default, ``ModelConfig``)."""
-    kwargs = getattr(profile.rollout, "engine_kwargs", None) or {}
+    kwargs = profile.rollout.engine_kwargs
     if kwargs.get("max_model_len"):
         return int(kwargs["max_model_len"]), "rollout.engine_kwargs.max_model_len"
     return model_max, "the model's max_position_embeddings (the engine's default)"

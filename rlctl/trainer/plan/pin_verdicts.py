@@ -1,8 +1,7 @@
 """The version pins a run is held to, evaluated once for the plan (trainer preflight).
 
-One small function so the plan and ``rlctl doctor`` share the verdicts: it evaluates every pin of
-``platforms/pins.toml`` that applies to the platform against the host's facts, as doctor's pin rows
-do (``platforms.pin_checks.evaluate_pin``).
+The plan and ``rlctl doctor`` share the verdicts (``platforms.pin_checks.evaluate_pins``); the plan
+adds each pin's package so a role carries the pins of what it runs.
 """
 
 from __future__ import annotations
@@ -10,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlctl.platforms.base import Platform
-from rlctl.platforms.pin_checks import evaluate_pin
+from rlctl.platforms.pin_checks import evaluate_pins
+from rlctl.platforms.pins import load_pins
 
 
 @dataclass(frozen=True)
@@ -30,13 +30,11 @@ class PinVerdict:
         return self.status == "violated" and self.severity == "fail"
 
 
-def pin_verdicts(platform: Platform) -> list[PinVerdict]:
-    """Every pin that applies to ``platform``, evaluated against its host."""
-    facts = platform.facts()
-    out = []
-    for pin in platform.pins:
-        outcome = evaluate_pin(pin, facts)
-        out.append(
-            PinVerdict(pin.id, pin.package, outcome.status, pin.severity, outcome.reason, pin.fix, pin.source)
-        )
-    return out
+def pin_verdicts(platform: Platform, engine: str | None = None) -> list[PinVerdict]:
+    """Every pin that applies to ``platform``, judged for a run whose rollout engine is ``engine``
+    (``platforms.pin_checks.evaluate_pins``, the same verdicts doctor's pin rows show)."""
+    package = {pin.id: pin.package for pin in load_pins()}
+    return [
+        PinVerdict(v.id, package.get(v.id), v.status, v.severity, v.reason, v.fix, v.source)
+        for v in evaluate_pins(platform, engine)
+    ]

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rlctl.engines.engine_fields import resolve_engine_kwargs
 from rlctl.errors import UserError
 from rlctl.platforms.base import EngineSettings, Platform
 from rlctl.platforms.catalogue import DeviceSpec, cpu_spec
@@ -153,9 +154,11 @@ def _settings(profile: Profile, platform: Platform, engine: str, role: str) -> E
     transformers engines' kernel, and the rollout role takes the profile's own engine keywords
     (``rollout.engine_kwargs``, where the schema has it) over the platform's."""
     settings = platform.engine_settings(engine)
-    own = getattr(profile.rollout, "engine_kwargs", None) if role == "rollout" else None
-    if own:
-        settings = replace(settings, engine_kwargs={**settings.engine_kwargs, **own})
+    if role == "rollout":  # the profile's keywords over the platform's, checked against the engine
+        kwargs = resolve_engine_kwargs(
+            platform, engine, profile.rollout.engine_kwargs, where=f"{profile.source}: rollout.engine_kwargs"
+        )
+        settings = replace(settings, engine_kwargs=kwargs)
     asked = profile.platform.attention
     if asked != "auto" and engine in ("hf", "fsdp"):
         kwargs = {**settings.engine_kwargs, "attn_implementation": asked}
@@ -205,7 +208,7 @@ def resolve_plan(
             f"vendor's torch build, no optional packages"
         )
     known = hardware is None
-    verdicts = pin_verdicts(platform) if known else []
+    verdicts = pin_verdicts(platform, rollout) if known else []
     rollout_dists = tuple(platform.engine_dists.get(rollout, (rollout,)))
     roles: dict[str, RolePlan] = {}
 

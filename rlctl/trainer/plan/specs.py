@@ -76,7 +76,8 @@ class RolloutSpec:
     dtype: str = "float32"
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
-    # the platform's keywords for this engine (EngineSettings.engine_kwargs, from the run plan)
+    vendor: str = "cpu"  # the platform: the engine registry is keyed by it
+    # the engine's keywords: the platform's engine_settings(engine) under rollout.engine_kwargs
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -128,13 +129,15 @@ def build_specs(
     attn: str,
     dist_backend: str,
     rollout_engine: str = "hf",
-    rollout_kwargs: dict[str, Any] | None = None,
+    vendor: str = "cpu",
+    rollout_engine_kwargs: dict[str, Any] | None = None,
 ) -> RoleSpecs:
     """Translate the profile's flat sections into the specs each role's worker receives.
 
     ``dtype`` is the compute dtype. Trained models (actor, critic) keep fp32 master weights and
     optimizer state and compute in ``dtype`` through FSDP2 mixed precision; the frozen reference
-    and the rollout engine store their weights in ``dtype`` directly.
+    and the rollout engine store their weights in ``dtype`` directly. The HF rollout engine takes
+    ``attn`` as its one keyword; vLLM / SGLang take ``rollout_engine_kwargs`` (already checked).
     """
     p = profile
     low_precision = dtype != "float32"
@@ -186,7 +189,10 @@ def build_specs(
             dtype=dtype,
             tensor_parallel_size=p.rollout.tensor_parallel,
             gpu_memory_utilization=p.rollout.gpu_memory_utilization,
-            engine_kwargs=dict(rollout_kwargs or {}),
+            vendor=vendor,
+            engine_kwargs={"attn_implementation": attn}
+            if rollout_engine == "hf"
+            else dict(rollout_engine_kwargs or {}),
         ),
     )
     ref = None
@@ -236,5 +242,6 @@ def specs_from_plan(profile: Profile, plan: RunPlan) -> RoleSpecs:
         attn=plan.roles["actor"].kernel or "sdpa",
         dist_backend=plan.dist_backend,
         rollout_engine=rollout.engine,
-        rollout_kwargs=rollout.settings.engine_kwargs,
+        vendor=plan.platform,
+        rollout_engine_kwargs=rollout.settings.engine_kwargs,
     )

@@ -77,20 +77,20 @@ def _cpu_threads(worker: Worker, spec: EngineSpec, side: str = "train") -> int |
 
 
 def rollout_engine(spec: Any) -> Any:
-    """The rollout engine a policy spec names (engine registry), loaded from the spec's model with
-    the plan's keywords for that engine (``RolloutSpec.engine_kwargs``) over the actor's kernel."""
+    """The rollout engine a policy spec names (engine registry), loaded from the spec's model."""
+    r = spec.rollout
     cls = get_engine(
-        "rollout", _model_type(spec.engine.model_path), spec.rollout.engine, spec.engine.device_type
+        "rollout", _model_type(spec.engine.model_path), r.engine, spec.engine.device_type, r.vendor
     )
     return cls(
         spec.engine.model_path,
         device=spec.engine.device_type,
-        dtype=spec.rollout.dtype,
-        **{"attn_implementation": spec.engine.attn_implementation, **spec.rollout.engine_kwargs},
+        dtype=r.dtype,
         trust_remote_code=spec.engine.trust_remote_code,
-        tensor_parallel_size=spec.rollout.tensor_parallel_size,
-        gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
+        tensor_parallel_size=r.tensor_parallel_size,
+        gpu_memory_utilization=r.gpu_memory_utilization,
         seed=spec.engine.seed,
+        **r.engine_kwargs,
     )
 
 

@@ -1,0 +1,101 @@
+"""The engine construction ``rlctl train`` performs, on the simulated vendor hosts: the platform's
+engine settings and ``rollout.engine_kwargs`` -> ``build_specs`` -> the worker's
+``rollout_engine(spec)`` -> the fake vLLM / SGLang of the installed release (built from the
+recorded surfaces), whose config class rejects any keyword the release lacks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlctl.engines.engine_fields import resolve_engine_kwargs
+from rlctl.platforms.ascend import AscendPlatform
+from rlctl.platforms.nvidia import NvidiaPlatform
+from rlctl.platforms.rocm import RocmPlatform
+from rlctl.profile.loader import load_profile
+from rlctl.trainer.plan.specs import build_specs
+from rlctl.trainer.workers.roles import rollout_engine
+from tests.engines.fakes import install
+from tests.engines.helpers import make_model
+from tests.platforms.vendor_hosts import ascend_910b, b200_sglang, h100, mi300x
+
+
+def _hardware(platform) -> dict:
+    """The fake engine's kernel asserts for this platform's devices."""
+    if platform.name == "rocm":
+        return {"rocm": True}
+    cc = platform.compute_capability() if platform.name == "nvidia" else None
+    return {"device_capability": cc} if cc else {}
+
+
+def _construct(platform, engine: str, version: str, tmp_path: Path, monkeypatch, body: str = ""):
+    """Build the rollout engine as a policy worker does; returns the keywords the engine got."""
+    model = make_model(tmp_path / "model", seed=1)
+    profile_path = tmp_path / "p.toml"
+    profile_path.write_text(f'[model]\npath = "{model}"\n[rollout]\nengine = "{engine}"\n{body}\n')
+    profile = load_profile(profile_path)
+    kwargs = resolve_engine_kwargs(
+        platform, engine, profile.rollout.engine_kwargs, where=f"{profile.source}: rollout.engine_kwargs"
+    )
+    specs = build_specs(
+        profile,
+        device_type=platform.device_type,
+        dtype="float32",
+        attn=platform.attention_impl(),
+        dist_backend=platform.dist_backend,
+        rollout_engine=engine,
+        vendor=platform.name,
+        rollout_engine_kwargs=kwargs,
+    )
+    calls: list = []
+    install(monkeypatch, tmp_path, engine, version, calls, **_hardware(platform))
+    rollout_engine(specs.policy)
+    return calls[0][1]
+
+
+def test_mi300x_vllm_gets_no_flash_attn(tmp_path, monkeypatch):
+    """ROCm flash-attn installed: transformers takes flash_attention_2, vLLM keeps its own backend."""
+    p = RocmPlatform(mi300x(tmp_path))
+    assert p.attention_impl() == "flash_attention_2"
+    got = _construct(p, "vllm", "0.33.0", tmp_path, monkeypatch)
+    assert "attention_config" not in got and "attn_implementation" not in got
+
+
+def test_b200_sglang_gets_no_fa3(tmp_path, monkeypatch):
+    p = NvidiaPlatform(b200_sglang(tmp_path))
+    got = _construct(p, "sglang", "0.5.23", tmp_path, monkeypatch)
+    assert "attention_backend" not in got
+
+
+def test_rocm_sglang_gets_triton(tmp_path, monkeypatch):
+    got = _construct(RocmPlatform(mi300x(tmp_path)), "sglang", "0.5.23", tmp_path, monkeypatch)
+    assert got["attention_backend"] == "triton"
+
+
+def test_ascend_vllm_runs_eager(tmp_path, monkeypatch):
+    got = _construct(AscendPlatform(ascend_910b(tmp_path)), "vllm", "0.33.0", tmp_path, monkeypatch)
+    assert got["enforce_eager"] is True
+
+
+@pytest.mark.parametrize("driver", ["570.172.08", "580.82.07"])
+def test_h100_profile_engine_kwargs_reach_vllm(tmp_path, monkeypatch, driver):
+    p = NvidiaPlatform(h100(tmp_path, driver))
+    got = _construct(p, "vllm", "0.33.0", tmp_path, monkeypatch, "engine_kwargs = { max_model_len = 4096 }")
+    assert got["max_model_len"] == 4096 and "attention_config" not in got
+
+
+def test_the_old_mapping_dies_in_the_fakes_kernel_asserts(tmp_path, monkeypatch):
+    """What the old adapters passed (flash_attention_2 -> FLASH_ATTN / fa3) on these hosts fails
+    where the real engines fail: vLLM's first forward on ROCm, SGLang's backend creation on SM 10."""
+    import sys
+
+    from tests.engines.helpers import make_model
+
+    model = str(make_model(tmp_path / "m", seed=1))
+    install(monkeypatch, tmp_path, "vllm", "0.33.0", [], rocm=True)
+    with pytest.raises(AssertionError, match="FlashAttention version not detected"):
+        sys.modules["vllm"].LLM(model=model, attention_config={"backend": "FLASH_ATTN"})
+    install(monkeypatch, tmp_path, "sglang", "0.5.23", [], device_capability=(10, 0))
+    with pytest.raises(AssertionError, match="requires SM>=80 and SM<=90"):
+        sys.modules["sglang"].Engine(model_path=model, attention_backend="fa3")
