@@ -130,7 +130,7 @@ def test_stale_layer_in_the_rollout_engine_fails_only_the_rollout_side(tiny_case
     assert set(result["failing"]) == {"rollout_log_probs", "train_vs_rollout_gap"}, result["failing"]
     assert all(result["quantities"][k]["verdict"] == "PASS" for k in TRAIN_SIDE)
     assert result["kernels"]["rollout_engine"] == "StaleLayerRollout"
-    assert parity_mod.QUANTITIES == tuple(result["quantities"])
+    assert tuple(result["quantities"]) == parity_mod.QUANTITIES
 
 
 def test_bad_dtype_and_missing_model_are_one_line_errors(tmp_path):
