@@ -157,9 +157,9 @@ def measure_dtype(case: ParityCase, dtype: str, settings: ParitySettings) -> dic
             grad_tol,
         ),
         "optimizer_step": judged(
-            update_stats(update, reference["update"]),
-            "rel_l1",
-            grad_tol.scaled(1.0, f"sum|d - d_ref| / sum|d_ref| {grad_tol.why}"),
+            update_stats(update, reference["update"], reference["grads"]),
+            "rel_l1_loss_weighted",
+            grad_tol.scaled(1.0, f"sum(|d - d_ref| |g_ref|) / sum(|d_ref| |g_ref|) {grad_tol.why}"),
         ),
     }
     diffs: dict[str, list[float]] = {

@@ -62,18 +62,32 @@ def gap_stats(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
     }
 
 
-def update_stats(update: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict[str, float]:
+def update_stats(
+    update: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]
+) -> dict[str, float]:
     """Error of one optimiser step's parameter change against the exact step's, over all parameters.
 
-    ``rel_l1`` = sum |d - d_ref| / sum |d_ref| (how much of the step went wrong), plus the usual
-    statistics per element and ``sign_flips``: the fraction of elements moved the other way
-    (AdamW's first step is about ``lr * sign(grad)``, so a gradient that rounds across zero flips).
+    ``rel_l1`` = sum |d - d_ref| / sum |d_ref| (how much of the step went wrong, element by element);
+    ``rel_l1_loss_weighted`` weighs each element by its exact gradient |g_ref|: the share of the
+    step's first-order effect on the loss (``g . d``) that went wrong. That one is judged: AdamW
+    moves every element by about ``lr``, also those whose gradient is all but zero and whose
+    direction is rounding noise in any dtype (``sign_flips`` counts the elements moved the other
+    way); they change the loss by nothing, and an unweighted sum counts them at full weight.
     """
     names = [n for n in reference if n in update]
     got = torch.cat([update[n].double().flatten().cpu() for n in names])
     ref = torch.cat([reference[n].double().flatten().cpu() for n in names])
+    weight = torch.cat(
+        [
+            grads[n].double().flatten().cpu().abs() if n in grads else torch.zeros(reference[n].numel())
+            for n in names
+        ]
+    )
     stats = error_stats(got, ref)
     stats["rel_l1"] = float((got - ref).abs().sum() / ref.abs().sum().clamp_min(1e-300))
+    stats["rel_l1_loss_weighted"] = float(
+        ((got - ref).abs() * weight).sum() / (ref.abs() * weight).sum().clamp_min(1e-300)
+    )
     moved = (ref != 0) & (got != 0)
     stats["sign_flips"] = float(((got.sign() != ref.sign()) & moved).double().mean())
     return stats
