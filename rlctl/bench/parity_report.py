@@ -70,30 +70,16 @@ def render(report: list[dict]) -> None:
                 f"{c['attn_implementation']}, rollout {c['rollout_engine']}; reference: CPU float64"
             )
         )
-        for col in (
-            "dtype",
-            "quantity",
-            "judged on",
-            "value",
-            "PASS <=",
-            "max abs",
-            "mean abs",
-            "max rel",
-            "mean rel",
-            "verdict",
-        ):
-            table.add_column(col, justify="left" if col in ("dtype", "quantity", "judged on") else "right")
+        for col in ("dtype", "quantity", "error (judged on)", "PASS <=", "max abs", "max rel", "verdict"):
+            table.add_column(col, justify="left" if col in ("dtype", "quantity") else "right")
         for r in rows([case]):
             table.add_row(
                 r["dtype"],
                 LABELS.get(r["quantity"], r["quantity"]),
-                r["judged_on"],
-                _g(r["value"]),
+                f"{_g(r['value'])} ({r['judged_on']})",
                 _g(r["pass_below"]),
                 _g(r["max_abs"]),
-                _g(r["mean_abs"]),
                 _g(r["max_rel"]),
-                _g(r["mean_rel"]),
                 r["verdict"],
             )
         console.print(table)
