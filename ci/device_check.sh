@@ -179,7 +179,7 @@ for case in d["cases"]:
         gap = q["train_vs_rollout_gap"]
         print(f"    {r['dtype']:9s} {r['verdict']:4s} train lp mean err {q['train_log_probs']['mean_abs']:.3g}, "
               f"rollout lp {q['rollout_log_probs'].get('mean_abs', float('nan')):.3g}, grad norms rel "
-              f"{q['grad_norms']['mean_rel']:.3g}, step rel {q['optimizer_step']['rel_l1_loss_weighted']:.3g}, gap mean "
+              f"{q['grad_norms']['mean_rel']:.3g}, step rel {q['optimizer_step']['rel_l1']:.3g}, gap mean "
               f"{gap.get('mean', float('nan')):.3g} p99 {gap.get('p99', float('nan')):.3g}"
               + (f"; FAIL: {', '.join(r['failing'])}" if r["failing"] else ""))
 EOF2

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rlctl.engines.numerics import Tolerance
+from rlctl.engines.numerics import Tolerance, unit_roundoff
 
 REL_FLOOR = 1e-3
 NORM_FLOOR = 1e-12  # gradient norms are compared relative to themselves (a layer's norm is never ~0)
@@ -63,33 +63,26 @@ def gap_stats(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
 
 
 def update_stats(
-    update: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]
+    update: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]
 ) -> dict[str, float]:
     """Error of one optimiser step's parameter change against the exact step's, over all parameters.
 
-    ``rel_l1`` = sum |d - d_ref| / sum |d_ref| (how much of the step went wrong, element by element);
-    ``rel_l1_loss_weighted`` weighs each element by its exact gradient |g_ref|: the share of the
-    step's first-order effect on the loss (``g . d``) that went wrong. That one is judged: AdamW
-    moves every element by about ``lr``, also those whose gradient is all but zero and whose
-    direction is rounding noise in any dtype (``sign_flips`` counts the elements moved the other
-    way); they change the loss by nothing, and an unweighted sum counts them at full weight.
+    ``rel_l1`` = sum |d - d_ref| / sum |d_ref|: how much of the step went wrong. ``sign_flips`` is the
+    fraction of elements moved the other way (AdamW's first step is about ``lr * sign(grad)``, so a
+    gradient within its rounding error of zero may flip). ``storage_rounding`` = u(float32) *
+    sum |w| / sum |d_ref| bounds what storing the stepped float32 master weights ``w`` costs: each
+    rounds by up to ``u * |w|``, a share of the step that grows as the learning rate shrinks.
     """
     names = [n for n in reference if n in update]
     got = torch.cat([update[n].double().flatten().cpu() for n in names])
     ref = torch.cat([reference[n].double().flatten().cpu() for n in names])
-    weight = torch.cat(
-        [
-            grads[n].double().flatten().cpu().abs() if n in grads else torch.zeros(reference[n].numel())
-            for n in names
-        ]
-    )
+    stored = sum(float(weights[n].double().abs().sum()) for n in names if n in weights)
     stats = error_stats(got, ref)
-    stats["rel_l1"] = float((got - ref).abs().sum() / ref.abs().sum().clamp_min(1e-300))
-    stats["rel_l1_loss_weighted"] = float(
-        ((got - ref).abs() * weight).sum() / (ref.abs() * weight).sum().clamp_min(1e-300)
-    )
+    scale = float(ref.abs().sum().clamp_min(1e-300))
+    stats["rel_l1"] = float((got - ref).abs().sum()) / scale
     moved = (ref != 0) & (got != 0)
     stats["sign_flips"] = float(((got.sign() != ref.sign()) & moved).double().mean())
+    stats["storage_rounding"] = unit_roundoff(torch.float32) * stored / scale
     return stats
 
 

@@ -65,7 +65,7 @@ def reference_pass(
     """Log-probs, entropy, loss, per-group gradient norms and one AdamW step, all in float64.
 
     Returns host tensors: ``log_probs``/``entropy`` (B, R), ``loss`` (float), ``grad_norms``
-    (group -> float), ``grads`` and ``update`` (name -> float64 gradient / parameter change of the step).
+    (group -> float), and ``update`` (name -> float64 parameter change of the step).
     """
     model = load_causal_lm(model_path, dtype=torch.float64, attn_implementation="eager").eval()
     batch = {k: v.cpu() for k, v in batch.items()}
@@ -87,6 +87,5 @@ def reference_pass(
         "entropy": entropy.detach(),
         "loss": float(loss.detach()),
         "grad_norms": group_norms(grads),
-        "grads": grads,
         "update": update,
     }
