@@ -7,7 +7,8 @@
 #
 # Sections: doctor; the device's copy bandwidth; the engine tests on cuda; FSDP2 (one NCCL rank) with
 # bf16 mixed precision feeding the HF rollout engine; GRPO on the built-in task in bf16 and in fp32,
-# each of which must raise held-out accuracy; bench rollout; bench reshard.
+# each of which must raise held-out accuracy; bench parity (numerics against a CPU float64 reference);
+# bench rollout; bench reshard.
 # shellcheck disable=SC2317  # the sec_* functions run indirectly, as `bash -o pipefail -c sec_NAME`
 set -uo pipefail
 OUT=$(realpath -m "${OUT:-./device-out}")
@@ -157,6 +158,34 @@ sys.exit(1 if fails else 0)
 EOF
 }
 
+sec_bench_parity() {
+  # `rlctl bench parity --device cuda`: the built-in tiny model's log-probs, entropy, loss, per-layer
+  # grad norms, one AdamW step and the HF rollout engine's log-probs on the GPU's kernels, each against
+  # a CPU float64 reference; PASS/WARN/FAIL per dtype (exit 1 on a FAIL). SmolLM2 joins when imported.
+  "$PY" -m rlctl.cli.main bench parity --device cuda --dtypes float32,bfloat16,float16 --json \
+    --out "$OUT/parity" >"$OUT/bench_parity.json"
+  local rc=$?
+  "$PY" - <<'EOF2'
+import json, os
+try:
+    d = json.load(open(os.path.join(os.environ["OUT"], "bench_parity.json")))
+except (OSError, ValueError) as e:
+    raise SystemExit(f"  bench_parity.json unreadable ({e})")
+for case in d["cases"]:
+    env = case["environment"]
+    print(f"  {case['case']['name']} on {env['device_name']} ({env.get('driver')}):")
+    for r in case["results"]:
+        q = r["quantities"]
+        gap = q["train_vs_rollout_gap"]
+        print(f"    {r['dtype']:9s} {r['verdict']:4s} train lp mean err {q['train_log_probs']['mean_abs']:.3g}, "
+              f"rollout lp {q['rollout_log_probs'].get('mean_abs', float('nan')):.3g}, grad norms rel "
+              f"{q['grad_norms']['mean_rel']:.3g}, step rel {q['optimizer_step']['rel_l1']:.3g}, gap mean "
+              f"{gap.get('mean', float('nan')):.3g} p99 {gap.get('p99', float('nan')):.3g}"
+              + (f"; FAIL: {', '.join(r['failing'])}" if r["failing"] else ""))
+EOF2
+  return "$rc"
+}
+
 train_run() { # train_run NAME DTYPE STEPS VAL_EVERY
   local name=$1 dtype=$2 steps=$3 every=$4
   "$PY" -m rlctl.cli.main --log-format plain train profiles/tiny-cpu.toml --resume never \
@@ -227,8 +256,8 @@ sys.exit(1 if bad or not rows else 0)
 EOF
 }
 
-export -f sec_gpu sec_doctor sec_bandwidth sec_engine_tests sec_fsdp2_bf16 train_run sec_grpo_bf16 \
-  sec_grpo_fp32 sec_bench_rollout sec_bench_reshard
+export -f sec_gpu sec_doctor sec_bandwidth sec_engine_tests sec_fsdp2_bf16 sec_bench_parity train_run \
+  sec_grpo_bf16 sec_grpo_fp32 sec_bench_rollout sec_bench_reshard
 
 # -- runner --------------------------------------------------------------------------------------------
 names=() results=() seconds=()
@@ -264,6 +293,7 @@ run_section doctor 60
 run_section bandwidth 45
 run_section engine_tests 150
 run_section fsdp2_bf16 90
+run_section bench_parity 90
 run_section grpo_bf16 180
 run_section grpo_fp32 110
 run_section bench_rollout 60

@@ -8,6 +8,7 @@ import click
 
 BENCHES: dict[str, str] = {
     "dispatch": "Driver-side cost of a DP_COMPUTE_PROTO call against raw ray.put/ray.get.",
+    "parity": "Numerics vs a CPU float64 reference: log-probs, grads, optimiser step, rollout; PASS/WARN/FAIL.",
     "rollout": "Rollout engine tokens/s against raw model.generate.",
     "reshard": "Train -> rollout layout transfer: planned vs naive all-gather vs disk.",
     "step": "RL step time and accuracy over training seconds: sync / one_step_off / async (and TRL).",

@@ -21,7 +21,7 @@ from torch import nn
 
 from rlctl.engines.fingerprint import fingerprint_views
 from rlctl.engines.hf_model import cache_kwarg, load_causal_lm, output_cache, supports_logits_to_keep
-from rlctl.engines.logprob import position_ids_from_mask, scaled_log_softmax
+from rlctl.engines.logprob import position_ids_from_mask, scaled_log_softmax, token_log_probs
 from rlctl.engines.prefix import length_dependent_rope, prompt_groups, repeat_cache_rows
 from rlctl.engines.registry import register_engine
 from rlctl.engines.sampling import sample_tokens
@@ -171,6 +171,17 @@ class HFRolloutEngine:
             "rollout_log_probs": log_probs,
         }
         return {k: v.cpu() for k, v in out.items()}  # no-op on CPU
+
+    @torch.no_grad()
+    def prompt_log_probs(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Log-prob of each token after the first given the ones before it (temperature 1), from
+        one forward of the engine's own model: what the weight-sync canary compares with the
+        trainer. Returns a host float32 tensor of ``len(token_ids) - 1`` values."""
+        if self.asleep:
+            raise RunError("HF rollout engine is asleep; call wake() before prompt_log_probs()")
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        logits = self.model(input_ids=ids, use_cache=False).logits[0, :-1]
+        return token_log_probs(logits, ids[0, 1:]).cpu()
 
     # -- weights and memory ------------------------------------------------------------------------
     def _named_tensors(self) -> dict[str, torch.Tensor]:

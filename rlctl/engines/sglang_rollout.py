@@ -206,6 +206,33 @@ class SGLangRolloutEngine:
             pad_token_id=pad_token_id,
         )
 
+    def prompt_log_probs(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Log-prob of each token after the first given the ones before it, scored by SGLang itself
+        (the weight-sync canary's rollout side).
+
+        ``Engine.generate(input_ids, return_logprob=True, logprob_start_len=0)`` (0.5.3 and 0.5.23,
+        ``sglang/srt/entrypoints/engine.py``) returns ``meta_info["input_token_logprobs"]``: one
+        ``(logprob, token_id, text)`` per prompt token, the first logprob None
+        (``managers/scheduler_output_processor_mixin.py`` 0.5.3,
+        ``scheduler_components/logprob_result_processor.py`` 0.5.23; ``managers/tokenizer_manager.py``
+        ``detokenize_logprob_tokens``). They are ``log_softmax`` of the logits, divided by the
+        temperature only with ``temp_scaled_logprobs`` (``layers/logits_processor.py``): at
+        temperature 1 rlctl's convention either way. The radix cache never covers positions whose
+        log-probs are asked for (``schedule_batch.py``: the prefix is capped at
+        ``logprob_start_len``), so the whole sequence is recomputed. One token is decoded.
+        """
+        if self.asleep_tags:
+            raise RunError("SGLang rollout engine is asleep; call wake() before prompt_log_probs()")
+        tokens = [int(t) for t in token_ids]
+        params = only_known({"temperature": 1.0, "max_new_tokens": 1}, self._sampling_fields)
+        (out,) = self.engine.generate(
+            input_ids=[tokens], sampling_params=[params], return_logprob=True, logprob_start_len=0
+        )
+        entries = out["meta_info"]["input_token_logprobs"]
+        if len(entries) != len(tokens):
+            raise RunError(f"SGLang returned {len(entries)} prompt log-probs for {len(tokens)} tokens")
+        return torch.tensor([float(lp) for lp, *_ in entries[1:]])
+
     def update_weights(self, stream: Iterable[tuple[str, torch.Tensor]]) -> int:
         """``update_weights_from_tensor`` per bucket inside a weight-update session where SGLang has one.
 

@@ -273,6 +273,33 @@ class VLLMRolloutEngine:
             pad_token_id=pad_token_id,
         )
 
+    def prompt_log_probs(self, token_ids: Sequence[int]) -> torch.Tensor | None:
+        """Log-prob of each token after the first given the ones before it, scored by vLLM itself
+        (the weight-sync canary's rollout side); None where this vLLM has no ``prompt_logprobs``.
+
+        ``SamplingParams(prompt_logprobs=0)`` returns, per prompt position, a dict holding the
+        prompt token's own ``Logprob`` (``RequestOutput.prompt_logprobs``, first entry None:
+        ``vllm/v1/engine/logprobs.py``, 0.10.2 and 0.33.0). They are ``log_softmax`` of the raw
+        logits whatever ``logprobs_mode`` and temperature say (0.10.2 ``v1/sample/sampler.py``
+        ``compute_logprobs``; 0.33.0 ``v1/worker/gpu/sample/prompt_logprob.py`` converts logits
+        only in the ``*_logits`` modes): rlctl's convention at temperature 1. A request asking for
+        prompt log-probs skips the prefix cache (0.10.2 ``v1/core/kv_cache_manager.py``, 0.33.0
+        ``sampling_params.py`` ``skip_reading_prefix_cache``), so the whole sequence is recomputed
+        with the weights vLLM computes with. One extra token is decoded (``max_tokens`` >= 1).
+        """
+        if self.asleep_tags:
+            raise RunError("vLLM rollout engine is asleep; call wake() before prompt_log_probs()")
+        if "prompt_logprobs" not in self._sampling_fields:
+            return None
+        tokens = [int(t) for t in token_ids]
+        wanted = dict(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
+        params = self._vllm.SamplingParams(**only_known(wanted, self._sampling_fields))
+        (request,) = self.llm.generate([{"prompt_token_ids": tokens}], [params], use_tqdm=False)
+        positions = list(request.prompt_logprobs or [])
+        if len(positions) != len(tokens):
+            raise RunError(f"vLLM returned {len(positions)} prompt log-probs for {len(tokens)} tokens")
+        return torch.tensor([positions[i][tok].logprob for i, tok in enumerate(tokens) if i > 0])
+
     # -- weights and memory ----------------------------------------------------------------------
     def _wake(self, tags: list[str]) -> None:
         if self._wake_tags:

@@ -20,6 +20,11 @@ the version is modelled from the source (paths inside the wheels):
 - vLLM log-probs (``vllm/v1/sample/sampler.py``): ``raw_logprobs`` = ``log_softmax(logits)``;
   ``processed_logprobs`` = before temperature on 0.10.0-0.10.1.1, after temperature and after
   top-k/top-p renormalisation from 0.10.2; an all-greedy batch returns ``log_softmax(logits)``.
+- vLLM prompt log-probs (``SamplingParams.prompt_logprobs``): ``RequestOutput.prompt_logprobs`` is
+  ``[None]`` then one ``{token: Logprob}`` per later prompt position holding the prompt token
+  (``vllm/v1/engine/logprobs.py``, 0.10.2 and 0.33.0), ``log_softmax`` of the raw logits whatever
+  the temperature and ``logprobs_mode`` (0.10.2 ``v1/sample/sampler.py`` ``compute_logprobs``;
+  0.33.0 ``v1/worker/gpu/sample/prompt_logprob.py``).
 - vLLM sleep (``vllm/device_allocator/cumem.py``): level 1 keeps the weights on the host, level 2
   discards them (they wake as garbage); ``wake_up`` without ``tags`` wakes everything.
 - SGLang seeds (``sglang/srt/sampling/sampling_batch_info.py``): ``sampling_seed`` is used only
@@ -28,6 +33,12 @@ the version is modelled from the source (paths inside the wheels):
 - SGLang log-probs (``sglang/srt/layers/sampler.py``): ``log_softmax(logits / T)`` before
   top-k/top-p; greedy requests (temperature 0 -> 1, top_k 1, ``sampling/sampling_params.py``) and
   ``[SGLANG_]RETURN_ORIGINAL_LOGPROB`` give ``log_softmax(logits)``.
+- SGLang input log-probs (``Engine.generate(return_logprob=True, logprob_start_len=s)``):
+  ``meta_info["input_token_logprobs"]`` holds ``(logprob, token, None)`` for prompt tokens ``s:``,
+  the first logprob None (0.5.3 ``managers/scheduler_output_processor_mixin.py``, 0.5.23
+  ``scheduler_components/logprob_result_processor.py``); ``s = -1`` (the default) scores only the
+  last prompt token (0.5.3 ``managers/scheduler.py``); ``log_softmax`` of the logits, at temperature
+  1 here (``layers/logits_processor.py`` divides only with ``temp_scaled_logprobs``).
 - SGLang weight-update session (0.5.21+,
   ``sglang/srt/managers/scheduler_components/weight_updater.py``): ``update_weights_from_tensor``
   outside ``begin_weight_update()`` / ``end_weight_update()`` returns ``(False, message)``.
@@ -206,6 +217,13 @@ def _hf_sample(hf: HFRolloutEngine, prompt, *, temperature, top_p, top_k, max_to
     return tokens, logits[len(prompt) - 1 : len(prompt) - 1 + len(tokens)]
 
 
+def _prompt_scores(hf: HFRolloutEngine, prompt: list[int]) -> list[float]:
+    """``log_softmax`` of the raw logits at each prompt position for the next prompt token."""
+    with torch.no_grad():
+        logits = hf.model(input_ids=torch.tensor([prompt])).logits[0, :-1].float()
+    return _token_log_probs(logits, prompt[1:])
+
+
 def _token_log_probs(scores: torch.Tensor, tokens: list[int]) -> list[float]:
     logp = torch.log_softmax(scores, dim=-1)
     return [float(logp[t, tok]) for t, tok in enumerate(tokens)]
@@ -258,8 +276,9 @@ def make_fake_vllm(
             self.index, self.token_ids, self.logprobs, self.text = 0, token_ids, logprobs, ""
 
     class RequestOutput:
-        def __init__(self, prompt_token_ids, outputs):
+        def __init__(self, prompt_token_ids, outputs, prompt_logprobs=None):
             self.prompt_token_ids, self.outputs = prompt_token_ids, outputs
+            self.prompt_logprobs = prompt_logprobs
 
     class Worker:
         def __init__(self, hf):
@@ -325,7 +344,14 @@ def make_fake_vllm(
             if sp.logprobs is not None:
                 values = _log_probs(self, logits, tokens, sp, all_greedy)
                 logprobs = [{t: Logprob(v, rank=1)} for t, v in zip(tokens, values, strict=True)]
-            results.append(RequestOutput(p["prompt_token_ids"], [CompletionOutput(tokens, logprobs)]))
+            prompt_logprobs = None
+            if getattr(sp, "prompt_logprobs", None) is not None:
+                ids = p["prompt_token_ids"]
+                values = _prompt_scores(self.hf, ids)
+                prompt_logprobs = [None] + [{t: Logprob(v)} for t, v in zip(ids[1:], values, strict=True)]
+            results.append(
+                RequestOutput(p["prompt_token_ids"], [CompletionOutput(tokens, logprobs)], prompt_logprobs)
+            )
         return results
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
@@ -491,7 +517,15 @@ def make_fake_sglang(
         self.host_copy = None
         self.session_open = False
 
-    def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, **_):
+    def generate(
+        self,
+        prompt=None,
+        sampling_params=None,
+        input_ids=None,
+        return_logprob=False,
+        logprob_start_len=None,
+        **_,
+    ):
         if self.released:
             raise RuntimeError("CUDA error: an illegal memory access was encountered (memory released)")
         dicts = (
@@ -522,6 +556,11 @@ def make_fake_sglang(
                 scores = logits if (all_greedy or raw) else logits / sp.temperature
                 values = _token_log_probs(scores, tokens)
                 meta["output_token_logprobs"] = [(v, t, None) for t, v in zip(tokens, values, strict=True)]
+                start = len(ids) - 1 if logprob_start_len in (None, -1) else logprob_start_len
+                scored = [None, *_prompt_scores(self.hf, ids)][start:]
+                meta["input_token_logprobs"] = [
+                    (v, t, None) for v, t in zip(scored, ids[start:], strict=True)
+                ]
             out.append({"text": "", "output_ids": tokens, "meta_info": meta})
         return out
 

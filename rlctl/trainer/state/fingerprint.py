@@ -45,13 +45,15 @@ def without(stream, name: str | None):
 class SyncCheck:
     """Compares a rollout engine's weights with the training engine's after each sync."""
 
-    def __init__(self, rank: int = 0) -> None:
+    def __init__(self, rank: int = 0, canary=None) -> None:
         self.rank = rank
         self.version = 0  # syncs so far
         self.warned = False
+        self.canary = canary  # a :class:`~.canary.SyncCanary`, run after the fingerprint
 
-    def after_sync(self, model, rollout, *, device, group=None) -> dict[str, float]:
+    def after_sync(self, model, rollout, *, device, group=None, actor=None) -> dict[str, float]:
         """Count the sync, then fingerprint both sides; RunError naming the first tensor that differs.
+        Then, given the training engine ``actor`` and a canary, the canary (:mod:`.canary`).
 
         ``model`` is the training engine's module (plain or FSDP2), ``rollout`` an engine with
         ``weight_fingerprint(spec)``. Every rank of a sharded model must call this together.
@@ -87,24 +89,33 @@ class SyncCheck:
                     f"trainer's (fingerprint {r!r} vs {t!r}, rank {self.rank}); the rollout would "
                     "sample from weights the trainer does not have"
                 )
-        return {
+        out = {
             "sync/fingerprint_ok": -1.0 if missing else 1.0,
             "sync/fingerprint_s": time.perf_counter() - start,
             "sync/weight_version": float(self.version),
         }
+        if self.canary is not None and actor is not None:
+            out.update(self.canary.check(actor, rollout, self.version))
+        return out
 
 
 def merge_sync_metrics(per_rank: list[dict[str, float]] | None) -> dict[str, float]:
-    """One record from every rank's: the worst verdict, the slowest check, rank 0's version."""
+    """One record from every rank's: the worst verdicts, the slowest checks, rank 0's version."""
     records = [r for r in per_rank or [] if r]
     if not records:
         return {}
-    return {
+    out = {
         "sync/fingerprint_ok": min(r["sync/fingerprint_ok"] for r in records),
         "sync/fingerprint_s": max(r["sync/fingerprint_s"] for r in records),
         "rollout/weight_version": records[0]["sync/weight_version"] - 1.0,  # the version this step sampled
         "sync/weight_version": records[0]["sync/weight_version"],
     }
+    if all("sync/canary_ok" in r for r in records):  # the canary: worst verdict, largest gap and time
+        out["sync/canary_ok"] = min(r["sync/canary_ok"] for r in records)
+        for key in ("sync/canary_gap_mean", "sync/canary_gap_max", "sync/canary_limit", "sync/canary_s"):
+            if all(key in r for r in records):
+                out[key] = max(r[key] for r in records)
+    return out
 
 
 class LogProbGapAlarm:

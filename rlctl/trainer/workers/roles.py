@@ -22,6 +22,7 @@ from rlctl.engines.batch_metrics import BatchMetrics
 from rlctl.engines.registry import get_engine
 from rlctl.reshard import reshard_train_to_rollout
 from rlctl.trainer.plan.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec
+from rlctl.trainer.state.canary import SyncCanary
 from rlctl.trainer.state.fingerprint import SyncCheck, without
 from rlctl.trainer.step.minibatch import MINI_BATCH_ROWS, split_mini_batches
 from rlctl.trainer.step.stages import mean_metrics
@@ -235,7 +236,7 @@ class PolicyWorker(PeakMemory, Worker):
         each rank's FSDP shards to where the rollout layout needs them (HF names, rollout TP 1).
         ``step`` is the RL step whose update is being synced (None at start and after a load);
         ``skip`` leaves that tensor out (fault injection for tests: ``RLCTL_INJECT_SYNC_SKIP``).
-        Returns the ``sync/*`` metrics; a rollout tensor that differs is a RunError naming it.
+        Returns the ``sync/*`` metrics; a tensor that differs, or a canary gap too wide, fails the sync.
         """
         self.rollout.wake()
         if self.world_size == 1:
@@ -253,17 +254,19 @@ class PolicyWorker(PeakMemory, Worker):
             for bucket in without(buckets, skip):
                 self.rollout.update_weights(bucket)
         mesh = self.actor.mesh
-        return self._sync_check().after_sync(
-            self.actor.model,
-            self.rollout,
-            device=self.actor.device,
-            group=mesh.get_group() if mesh is not None else None,
-        )
+        with self._actor_on_device():  # the canary runs one forward of the actor
+            return self._sync_check().after_sync(
+                self.actor.model,
+                self.rollout,
+                device=self.actor.device,
+                group=mesh.get_group() if mesh is not None else None,
+                actor=self.actor,
+            )
 
     def _sync_check(self) -> SyncCheck:
         """This rank's sync checker (made on first use: it counts the syncs, the weight version)."""
         if getattr(self, "_sync_checker", None) is None:
-            self._sync_checker = SyncCheck(rank=self.rank)
+            self._sync_checker = SyncCheck(rank=self.rank, canary=SyncCanary.of_policy(self.spec, self.rank))
         return self._sync_checker
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

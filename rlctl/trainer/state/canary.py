@@ -1,0 +1,106 @@
+"""The canary after every weight sync: does the rollout engine *compute* with the trainer's weights?
+
+The fingerprint (:mod:`.fingerprint`) checks the tensors the rollout engine *stores*. An engine can
+store the right tensors and still compute with others: a captured graph that holds the addresses
+of the old weights (vllm-ascend #7473 / #13902), a torn read in a custom all-reduce (vLLM #57059),
+a fused copy that was never refreshed. So after each sync one fixed token sequence
+(:data:`CANARY_LENGTH` tokens drawn once from a fixed seed over the vocabulary) is scored by the
+rollout engine, through its own scoring path (``prompt_log_probs``: the HF model's forward; vLLM's
+and SGLang's prompt-log-prob APIs), and by the training engine, both at temperature 1. The mean
+absolute per-token gap must stay within the parity tolerance of the two computations' dtypes
+(:func:`rlctl.engines.numerics.gap_tolerance`, the PASS bound of ``rlctl bench parity``'s
+train-vs-rollout gap); above it the sync fails naming the engine, as a fingerprint mismatch does.
+
+Cost: one forward of ``CANARY_LENGTH`` tokens on each side (plus one decoded token on vLLM and
+SGLang), measured as ``sync/canary_s`` every step. Metrics: ``sync/canary_gap_mean`` /
+``sync/canary_gap_max`` (nats), ``sync/canary_limit`` (the tolerance), ``sync/canary_ok`` (1
+checked; -1 when the engine cannot score a sequence, said once in a warning).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rlctl.engines.hf_model import resolve_dtype
+from rlctl.engines.numerics import gap_tolerance, model_shape
+from rlctl.errors import RunError
+from rlctl.log import get_logger
+
+LOGGER = "rlctl.trainer.sync"
+CANARY_LENGTH = 32
+CANARY_SEED = 20_240_607
+
+
+def canary_tokens(vocab_size: int, length: int = CANARY_LENGTH) -> list[int]:
+    """The fixed canary sequence for a vocabulary: the same on every rank, step and run."""
+    g = torch.Generator().manual_seed(CANARY_SEED)
+    return torch.randint(0, vocab_size, (length,), generator=g).tolist()
+
+
+def canary_batch(tokens: list[int]) -> dict[str, torch.Tensor]:
+    """The training engine's batch for scoring ``tokens[1:]`` given what precedes each."""
+    ids = torch.tensor([tokens], dtype=torch.long)
+    ones = torch.ones_like(ids)
+    return {
+        "input_ids": ids,
+        "attention_mask": ones,
+        "position_ids": torch.arange(ids.shape[1])[None],
+        "responses": ids[:, 1:],
+        "response_mask": ones[:, 1:],
+    }
+
+
+class SyncCanary:
+    """Scores the canary on both sides after a sync; RunError naming the engine past the tolerance."""
+
+    def __init__(self, *, rank: int = 0, train_dtype: str, rollout_dtype: str) -> None:
+        self.rank = rank
+        self.dtypes = (resolve_dtype(train_dtype), resolve_dtype(rollout_dtype))
+        self.warned = False
+
+    @classmethod
+    def of_policy(cls, spec, rank: int) -> SyncCanary:
+        """The canary of a policy worker's spec: its actor's compute dtype, its rollout's dtype."""
+        engine = spec.engine
+        return cls(
+            rank=rank, train_dtype=engine.mixed_precision or engine.dtype, rollout_dtype=spec.rollout.dtype
+        )
+
+    def check(self, actor, rollout, version: int) -> dict[str, float]:
+        """``actor`` is the training engine (``compute_log_prob``), ``rollout`` the rollout engine."""
+        start = time.perf_counter()
+        config = actor.model.config
+        tokens = canary_tokens(int(getattr(config, "get_text_config", lambda: config)().vocab_size))
+        engine = type(rollout).__name__
+        score = getattr(rollout, "prompt_log_probs", None)
+        theirs = score(tokens) if score is not None else None
+        ours = actor.compute_log_prob(canary_batch(tokens))["log_probs"][0]  # collective under FSDP
+        if theirs is None:
+            if not self.warned:
+                get_logger(LOGGER).warning(
+                    "weight-sync canary not available (sync/canary_ok = -1)",
+                    reason=f"{engine} cannot score a token sequence",
+                )
+                self.warned = True
+            return {"sync/canary_ok": -1.0, "sync/canary_s": time.perf_counter() - start}
+        gap = (ours.double().cpu() - torch.as_tensor(theirs).double().cpu()).abs()
+        layers, hidden = model_shape(config)
+        tol = gap_tolerance(self.dtypes, layers=layers, hidden=hidden, seq_len=len(tokens))
+        mean, worst = float(gap.mean()), float(gap.max())
+        if not mean <= tol.passes:
+            raise RunError(
+                f"weight sync {version}: canary: the rollout engine {engine} scores the fixed "
+                f"{len(tokens)}-token canary {mean:.4g} nats per token away from the trainer (max "
+                f"{worst:.4g}), above the parity tolerance {tol.passes:.3g} ({tol.why}; rank "
+                f"{self.rank}); its stored weights may be right, but it computes with others "
+                "(a captured graph or fused copy holding old weights?)"
+            )
+        return {
+            "sync/canary_ok": 1.0,
+            "sync/canary_gap_mean": mean,
+            "sync/canary_gap_max": worst,
+            "sync/canary_limit": tol.passes,
+            "sync/canary_s": time.perf_counter() - start,
+        }

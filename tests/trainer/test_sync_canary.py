@@ -1,0 +1,140 @@
+"""The canary after every weight sync: the rollout engine scores a fixed token sequence and the
+trainer does too; an engine that stores the new weights but computes with old ones (a test double of
+a captured graph) stops the run at that step naming the engine, while healthy runs log
+``sync/canary_*`` every step."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rlctl.engines.fsdp_train import FSDPTrainEngine
+from rlctl.engines.hf_rollout import HFRolloutEngine
+from rlctl.engines.registry import get_engine
+from rlctl.errors import RunError
+from rlctl.trainer.state.canary import CANARY_LENGTH, SyncCanary, canary_batch, canary_tokens
+from rlctl.trainer.state.fingerprint import SyncCheck, merge_sync_metrics
+from tests.cli_runner import run_cli
+from tests.trainer.test_train_e2e import by_step, metrics
+
+STALE_LAYER = 1
+
+
+class CapturedGraphRollout(HFRolloutEngine):
+    """A test double of an engine whose compiled graph captured layer 1's weights at load time:
+    ``update_weights`` writes the new tensors into the model (its state dict and fingerprints show
+    them), but layer 1's forward keeps computing with the snapshot taken when it was built."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        layer = self.model.model.layers[STALE_LAYER]
+        snapshot = copy.deepcopy(layer)
+        layer.forward = snapshot.forward  # the live module keeps its parameters; compute goes to the copy
+
+
+def _moved(engine: FSDPTrainEngine) -> None:
+    """An 'update': every trainer weight moves by 1e-3 relative."""
+    with torch.no_grad():
+        for p in engine.model.parameters():
+            p.mul_(1.001)
+
+
+def test_canary_sequence_is_fixed_and_scored_as_the_trainer_scores(tiny_model):
+    tokens = canary_tokens(50)
+    assert tokens == canary_tokens(50) and len(tokens) == CANARY_LENGTH and max(tokens) < 50
+    batch = canary_batch(tokens)
+    assert batch["responses"].tolist() == [tokens[1:]] and batch["response_mask"].sum() == CANARY_LENGTH - 1
+    actor, rollout = FSDPTrainEngine(tiny_model), HFRolloutEngine(tiny_model)
+    ours = actor.compute_log_prob(batch)["log_probs"][0]
+    theirs = rollout.prompt_log_probs(tokens)
+    assert theirs.shape == ours.shape and float((ours - theirs).abs().max()) < 1e-5
+
+
+def test_stale_layer_passes_the_fingerprint_and_fails_the_canary_naming_the_engine(tiny_model):
+    actor = FSDPTrainEngine(tiny_model)
+    rollout = CapturedGraphRollout(tiny_model)
+    check = SyncCheck(canary=SyncCanary(train_dtype="float32", rollout_dtype="float32"))
+    first = check.after_sync(actor.model, rollout, device="cpu", actor=actor)  # load-time weights: equal
+    assert first["sync/fingerprint_ok"] == 1.0 and first["sync/canary_ok"] == 1.0
+    assert first["sync/canary_gap_mean"] < 1e-6 < first["sync/canary_limit"]
+    _moved(actor)
+    rollout.update_weights(actor.export_weights("full"))
+    with pytest.raises(RunError) as err:
+        check.after_sync(actor.model, rollout, device="cpu", actor=actor)
+    text = str(err.value)
+    for needle in ("weight sync 2", "canary", "CapturedGraphRollout", "parity tolerance"):
+        assert needle in text, (needle, text)
+    # the stored tensors were right: the fingerprint alone would have passed
+    plain = SyncCheck().after_sync(actor.model, rollout, device="cpu")
+    assert plain["sync/fingerprint_ok"] == 1.0 and "sync/canary_ok" not in plain
+
+
+def test_healthy_engine_passes_after_an_update_and_metrics_merge_over_ranks(tiny_model):
+    actor, rollout = FSDPTrainEngine(tiny_model), HFRolloutEngine(tiny_model)
+    check = SyncCheck(canary=SyncCanary(train_dtype="float32", rollout_dtype="bfloat16"))
+    _moved(actor)
+    rollout_bf16 = HFRolloutEngine(tiny_model, dtype="bfloat16")
+    rollout_bf16.update_weights(actor.export_weights("full"))
+    out = check.after_sync(actor.model, rollout_bf16, device="cpu", actor=actor)
+    assert out["sync/canary_ok"] == 1.0 and 0 < out["sync/canary_gap_mean"] <= out["sync/canary_limit"]
+    assert out["sync/canary_limit"] > 1e-2  # the bf16 tolerance, not fp32's
+    other = dict(out, **{"sync/canary_gap_mean": 0.0, "sync/canary_s": 99.0})
+    merged = merge_sync_metrics([out, other])
+    assert merged["sync/canary_gap_mean"] == out["sync/canary_gap_mean"] and merged["sync/canary_s"] == 99.0
+    del rollout
+
+
+def test_engine_without_scoring_reports_minus_one_once(tiny_model, caplog):
+    class NoScore:
+        def weight_fingerprint(self, spec):
+            return None
+
+    actor = FSDPTrainEngine(tiny_model)
+    canary = SyncCanary(train_dtype="float32", rollout_dtype="float32")
+    out = canary.check(actor, NoScore(), 1)
+    assert out["sync/canary_ok"] == -1.0 and canary.warned
+
+
+@pytest.mark.timeout(300)
+def test_run_with_a_captured_graph_stops_at_the_first_update_naming_the_engine(
+    write_profile, tmp_path, monkeypatch
+):
+    import rlctl.trainer.workers.roles as roles
+
+    def engines(kind, model_type, backend, device="cpu", vendor=None):
+        return (
+            CapturedGraphRollout
+            if kind == "rollout"
+            else get_engine(kind, model_type, backend, device, vendor)
+        )
+
+    monkeypatch.setattr(roles, "get_engine", engines)
+    profile = write_profile("stale", steps=3)
+    # an entropy bonus moves every weight even while all rewards are still 0 (zero advantages)
+    profile.write_text(
+        profile.read_text().replace(
+            "micro_batch_sequences = 8", "micro_batch_sequences = 8\nentropy_coeff = 0.01"
+        )
+    )
+    code, _, err = run_cli("train", str(profile), "--set", "trainer.save_every=0")
+    assert code == 1, err
+    last = err.strip().splitlines()[-1]
+    for needle in ("step=1", "method=sync_weights", "CapturedGraphRollout", "canary"):
+        assert needle in last, (needle, last)
+    print(last)
+    assert max(by_step(metrics(tmp_path / "runs/stale"))) == 0, "no step after the broken sync may be logged"
+
+
+@pytest.mark.timeout(300)
+def test_healthy_run_logs_the_canary_every_step(write_profile, tmp_path):
+    profile = write_profile("canary-ok", steps=2)
+    code, _, err = run_cli("train", str(profile), "--set", "trainer.save_every=0")
+    assert code == 0, err
+    steps = by_step(metrics(tmp_path / "runs/canary-ok"))
+    for step in (1, 2):
+        s = steps[step]
+        assert s["sync/canary_ok"] == 1.0
+        assert 0 <= s["sync/canary_gap_mean"] < s["sync/canary_limit"] < 1e-3  # fp32 on both sides
+        assert 0 < s["sync/canary_s"] < s["time/step"]
