@@ -38,6 +38,8 @@ def _accel(device: torch.device):
 class HFRolloutEngine:
     """Rollout with an HF causal LM: ``generate``, ``update_weights``, ``sleep``/``wake``."""
 
+    adapter_sync = True  # built with ``lora``, it takes a LoRA actor's adapter tensors alone
+
     def __init__(
         self,
         model_path_or_module: str | Path | nn.Module,

@@ -93,12 +93,14 @@ def trainable(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def _rows(param: torch.Tensor) -> tuple[int, int]:
-    """Global dim-0 rows ``[start, stop)`` of this rank's piece (all of a plain tensor)."""
+    """Global dim-0 rows ``[start, stop)`` of this rank's piece (all of a plain tensor); FSDP2's
+    ``Shard(0)`` cuts ``torch.chunk`` sizes, as ``fsdp_load.dim0_range`` reads them."""
     if not hasattr(param, "to_local"):
         return 0, param.shape[0]
-    from rlctl.engines.fsdp_load import dim0_range
-
-    return dim0_range(param)
+    n, world = param.shape[0], param.device_mesh.size()
+    chunk = -(-n // world)
+    start = min(param.device_mesh.get_local_rank() * chunk, n)
+    return start, min(start + chunk, n)
 
 
 def initial_value(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:

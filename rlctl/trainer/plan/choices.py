@@ -74,3 +74,15 @@ def check_engine_keys(profile: Profile, engine: str) -> None:
             f"{profile.source}: rollout.gpu_memory_utilization: set to {r.gpu_memory_utilization}, but the "
             "HF rollout engine allocates as it goes and reads no memory fraction (only vllm/sglang do)"
         )
+
+
+def check_lora(profile: Profile) -> None:
+    """``[actor.lora]`` needs peft; the critic and the SFT entry train in full."""
+    import importlib.util
+
+    if profile.actor.lora is None:
+        return
+    if importlib.util.find_spec("peft") is None:
+        raise UserError(
+            f"{profile.source}: actor.lora: LoRA training needs the peft package; pip install 'rlctl[lora]'"
+        )

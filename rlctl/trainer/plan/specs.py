@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from rlctl.engines.lora import LoraSpec
 from rlctl.engines.optim import OptimConfig
 from rlctl.profile.schema import Profile
 
@@ -81,6 +82,8 @@ class PolicySpec:
     loss: ActorLossSpec
     update: UpdateSpec
     rollout: RolloutSpec = RolloutSpec()
+    lora: LoraSpec | None = None  # [actor.lora]: adapter training, adapter-only sync
+    serves_reference: bool = False  # LoRA + KL: the reference is this model with the adapter off
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,22 @@ def effective_rollout_correction(profile: Profile) -> str:
     if profile.trainer.mode != "sync" and correction == "off":
         return "token"
     return correction
+
+
+def lora_spec(profile: Profile) -> LoraSpec | None:
+    """``[actor.lora]`` as the engines' spec (the adapter's initial values seeded by ``run.seed``)."""
+    lo = profile.actor.lora
+    if lo is None:
+        return None
+    return LoraSpec(
+        rank=lo.rank,
+        alpha=lo.alpha,
+        dropout=lo.dropout,
+        target_modules=tuple(lo.target_modules),
+        modules_to_save=tuple(lo.modules_to_save),
+        export_merged=lo.export_merged,
+        seed=profile.run.seed,
+    )
 
 
 def build_specs(
@@ -180,9 +199,11 @@ def build_specs(
             tensor_parallel_size=p.rollout.tensor_parallel,
             gpu_memory_utilization=p.rollout.gpu_memory_utilization,
         ),
+        lora=lora_spec(p),
+        serves_reference=p.actor.lora is not None and profile.uses_reference,
     )
     ref = None
-    if profile.uses_reference:
+    if profile.uses_reference and not policy.serves_reference:
         ref = RefSpec(
             engine=replace(
                 base,
