@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rlctl.errors import UserError
+
 ADAPTER = "default"  # peft's adapter name; the only one rlctl uses
 ADAPTER_FILE = "adapter_model.safetensors"
 
@@ -65,9 +67,13 @@ def inject(model: nn.Module, spec: LoraSpec, *, on_meta: bool = False) -> nn.Mod
     """
     from peft.tuners.lora import LoraModel
 
-    LoraModel(model, spec.peft_config(), ADAPTER, low_cpu_mem_usage=on_meta)
+    where = f"actor.lora.target_modules = {list(spec.target_modules)}"
+    try:
+        LoraModel(model, spec.peft_config(), ADAPTER, low_cpu_mem_usage=on_meta)
+    except ValueError as exc:  # peft: no module matched, or a module type it cannot adapt
+        raise UserError(f"{where}: {str(exc).splitlines()[0]}") from None
     if not any(is_adapter(n) for n, _ in model.named_parameters()):
-        raise ValueError(f"LoRA target_modules {list(spec.target_modules)} matched no module of the model")
+        raise UserError(f"{where} matched no module of {type(model).__name__}")
     return model
 
 
