@@ -234,10 +234,12 @@ class FSDPTrainEngine:
         self._reshard()
         return {k: torch.cat([o[k] for o in outs]).cpu() for k in outs[0]}
 
-    def compute_base_log_prob(self, batch: Batch, temperature: float = 1.0) -> dict[str, torch.Tensor]:
+    def compute_base_log_prob(
+        self, batch: Batch, temperature: float = 1.0, micro_batch_size: int | None = None
+    ) -> dict[str, torch.Tensor]:
         """Log-probs with the LoRA adapter switched off: the reference policy, no second copy."""
         with lora_lib.adapter_disabled(self.model):
-            return self.compute_log_prob(batch, temperature=temperature)
+            return self.compute_log_prob(batch, temperature=temperature, micro_batch_size=micro_batch_size)
 
     @torch.no_grad()
     def compute_values(self, batch: Batch, micro_batch_size: int | None = None) -> torch.Tensor:

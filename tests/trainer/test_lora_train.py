@@ -71,3 +71,11 @@ def test_sft_refuses_lora(write_profile):
     code, out, err = run_cli("sft", str(profile))
     assert code == 2
     assert "actor.lora" in out + err and "rlctl sft trains all weights" in out + err
+
+
+@pytest.mark.timeout(120)
+def test_lora_refuses_another_reference_model(write_profile, tmp_path):
+    profile = write_profile(name="lora-ref", kl=True, extra=LORA + f'\n[ref]\npath = "{tmp_path}"\n')
+    code, out, err = run_cli("train", str(profile))
+    assert code == 2
+    assert "ref.path" in out + err and "the reference policy is the actor's own base" in out + err

@@ -77,11 +77,16 @@ def check_engine_keys(profile: Profile, engine: str) -> None:
 
 
 def check_lora(profile: Profile) -> None:
-    """``[actor.lora]`` needs peft; the critic and the SFT entry train in full."""
+    """``[actor.lora]`` needs peft, and its reference is the base it adapts (no other ``ref.path``)."""
     import importlib.util
 
     if profile.actor.lora is None:
         return
+    if profile.uses_reference and profile.ref.path and profile.ref.path != profile.model.path:
+        raise UserError(
+            f"{profile.source}: ref.path: {profile.ref.path!r}, but with [actor.lora] the reference "
+            "policy is the actor's own base (adapter off); remove ref.path or the [actor.lora] table"
+        )
     if importlib.util.find_spec("peft") is None:
         raise UserError(
             f"{profile.source}: actor.lora: LoRA training needs the peft package; pip install 'rlctl[lora]'"

@@ -84,6 +84,7 @@ class PolicySpec:
     rollout: RolloutSpec = RolloutSpec()
     lora: LoraSpec | None = None  # [actor.lora]: adapter training, adapter-only sync
     serves_reference: bool = False  # LoRA + KL: the reference is this model with the adapter off
+    ref_micro_batch: tuple[int, int] = (32, 0)  # its forwards: (ref.micro_batch_sequences, _tokens)
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ def build_specs(
         ),
         lora=lora_spec(p),
         serves_reference=p.actor.lora is not None and profile.uses_reference,
+        ref_micro_batch=(p.ref.micro_batch_sequences, p.ref.micro_batch_tokens),
     )
     ref = None
     if profile.uses_reference and not policy.serves_reference:

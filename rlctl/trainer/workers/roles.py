@@ -194,9 +194,12 @@ class PolicyWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
         """The reference policy of a LoRA actor: the same model with its adapter off."""
+        view = _train_view(batch)
+        sequences, tokens = self.spec.ref_micro_batch  # the [ref] micro-batch keys, as a ref worker's
+        rows = max(1, tokens // max(1, view["input_ids"].shape[1])) if tokens > 0 else sequences
         with self._actor_on_device():
             out = self.actor.compute_base_log_prob(
-                _train_view(batch), temperature=float(batch.meta.get("temperature", 1.0))
+                view, temperature=float(batch.meta.get("temperature", 1.0)), micro_batch_size=rows
             )
         return DataProto.from_dict(tensors={"ref_log_probs": out["log_probs"]})
 
