@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlctl.doctor import checks_host, checks_packages, checks_sandbox, deep
+from rlctl.doctor import checks_host, checks_lora, checks_packages, checks_sandbox, deep
 from rlctl.doctor.check import CheckResult, Verdict, failed, passed, skipped, warned
 from rlctl.platforms import Platform
 from rlctl.trainer.plan.run_plan import RunPlan
@@ -94,6 +94,7 @@ def run_doctor(
     rows += checks_packages.check_consistency(p)
     rows += checks_host.check_env(p)
     rows += checks_sandbox.check_sandbox()
+    rows.append(checks_lora.check_lora_sync(p))
     if deep_checks:
         assert imports is not None
         rows += deep.check_imports(imports)

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from rlctl.engines.disk_space import save_failure, state_bytes
+from rlctl.engines.lora import has_adapter
 from rlctl.engines.safe_checkpoint import SafeLoadPlanner, check_dcp_metadata, safe_torch_load
 from rlctl.errors import DiskFullError, RunError, UserError
 
@@ -56,7 +57,7 @@ def _barrier() -> None:
 
 
 def export_weights(
-    model: nn.Module, mode: str = "full", dtype: torch.dtype | None = None
+    model: nn.Module, mode: str = "full", dtype: torch.dtype | None = None, only_trainable: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """One ``(name, tensor)`` per parameter; tied weights appear once (under their first name).
 
@@ -67,6 +68,8 @@ def export_weights(
     if mode not in ("full", "sharded"):
         raise UserError(f"export_weights mode={mode!r}; expected 'full' or 'sharded'")
     for name, param in model.named_parameters():
+        if only_trainable and not param.requires_grad:
+            continue
         tensor = param.detach()
         if mode == "full" and hasattr(tensor, "full_tensor"):
             tensor = tensor.full_tensor()
@@ -79,8 +82,37 @@ def checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict
     """``{"model": ..., "optim": ...}`` sharded state dicts (DTensors under FSDP2)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_options(model))
+    if has_adapter(model):  # a frozen weight tied to another (lm_head) slips past ignore_frozen_params
+        trained = {n for n, p in model.named_parameters() if p.requires_grad}
+        model_sd = {k: v for k, v in model_sd.items() if k in trained}
     return {"model": model_sd, "optim": optim_sd}
+
+
+def _state_options(model: nn.Module):
+    """With a LoRA adapter, checkpoints hold the trainable tensors only (the base is the model path's)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    if not has_adapter(model):
+        return None
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
+def trainable_metrics(model: nn.Module, group=None) -> dict[str, float]:
+    """Count and global L2 norm of the trainable parameters (FSDP shards: summed over ranks)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    squares = sum(
+        (p.to_local() if hasattr(p, "to_local") else p).detach().double().pow(2).sum() for p in params
+    )
+    squares = torch.as_tensor(squares, dtype=torch.float64).reshape(1)
+    if group is not None or (dist.is_available() and dist.is_initialized()):
+        device = params[0].device if params else torch.device("cpu")
+        squares = squares.to(device)
+        dist.all_reduce(squares, group=group)
+    return {
+        "lora/trainable_params": float(sum(p.numel() for p in params)),
+        "lora/adapter_norm": float(squares.sqrt()),
+    }
 
 
 def save_checkpoint(engine: TrainEngineState, path: Path) -> None:
@@ -147,7 +179,11 @@ def load_checkpoint(engine: TrainEngineState, path: Path) -> None:
     except Exception as exc:
         raise RunError(f"loading checkpoint {str(path)!r} on rank {_rank()} failed: {exc}") from exc
     set_state_dict(
-        engine.model, engine.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        engine.model,
+        engine.optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=_state_options(engine.model),
     )
     extra = safe_torch_load(path / EXTRA_STATE)
     engine.scheduler.load_state_dict(extra["scheduler"])
@@ -166,8 +202,16 @@ def _full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_hf(engine: TrainEngineState, path: Path, tokenizer=None) -> None:
-    """Write a ``save_pretrained`` directory; a critic also writes ``value_head.pt``."""
+    """Write a ``save_pretrained`` directory; a critic also writes ``value_head.pt``; a LoRA actor
+    writes peft's adapter directory (and ``merged/`` when its spec asks, :mod:`.lora_export`)."""
     state = _full_state_dict(engine.model)
+    if getattr(engine, "lora", None) is not None:
+        from rlctl.engines.lora_export import save_lora
+
+        if _rank() == 0:
+            save_lora(engine, state, path, tokenizer, TOKENIZER_FILES)
+        _barrier()
+        return
     if _rank() == 0:
         path.mkdir(parents=True, exist_ok=True)
         if engine.value_head:

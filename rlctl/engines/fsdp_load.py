@@ -36,6 +36,7 @@ from rlctl.engines.hf_model import (
     new_value_head,
     resolve_dtype,
 )
+from rlctl.engines.lora import base_name, has_adapter, is_adapter
 from rlctl.errors import UserError
 
 SAFE_SINGLE = "model.safetensors"
@@ -215,7 +216,7 @@ def _aliases(model: nn.Module) -> dict[int, list[str]]:
     """Every name of each parameter, tied ones included (``lm_head.weight`` / ``embed_tokens.weight``)."""
     names: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(name)
+        names.setdefault(id(p), []).append(base_name(name))  # a LoRA-injected layer's own weight too
     return names
 
 
@@ -243,6 +244,8 @@ def fill_from_safetensors(model: nn.Module, model_path: str | Path, dtype: torch
     aliases = _aliases(model)
     with torch.no_grad():
         for name, param in model.named_parameters():
+            if is_adapter(name):  # in no base checkpoint: rlctl.engines.lora initialises it
+                continue
             start, stop = dim0_range(param)
             local = param.to_local() if hasattr(param, "to_local") else param
             if name in extra:
@@ -356,7 +359,12 @@ def load_sharded(
     else:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+        adapter = has_adapter(model)
+        if adapter and full:  # the injected model's names; the adapter is initialised afterwards
+            full = {n: full[base_name(n)] for n in model.state_dict() if not is_adapter(n)}
         set_model_state_dict(
-            model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            model,
+            full,
+            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=not adapter),
         )
     return model

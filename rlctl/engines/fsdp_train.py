@@ -24,8 +24,10 @@ from torch import nn
 
 from rlctl.algorithms.metric_parts import MetricPart, results
 from rlctl.engines import fsdp_io
+from rlctl.engines import lora as lora_lib
 from rlctl.engines.batch_metrics import BatchMetrics
 from rlctl.engines.fsdp_load import load_sharded
+from rlctl.engines.fsdp_shard import _shard, enable_activation_checkpointing
 from rlctl.engines.hf_model import load_causal_lm, load_value_model, supports_logits_to_keep
 from rlctl.engines.logprob import (
     position_ids_from_mask,
@@ -33,6 +35,7 @@ from rlctl.engines.logprob import (
     token_log_probs,
     token_log_probs_and_entropy,
 )
+from rlctl.engines.lora import LoraSpec
 from rlctl.engines.mixed_precision import DynamicLossScaler, autocast, compute_dtype
 from rlctl.engines.optim import LossScale, OptimConfig, build_optimizer
 from rlctl.engines.prefix import PrefixGroups, length_dependent_rope, prompt_groups, shared_prefix_logits
@@ -49,39 +52,6 @@ def split_batch(batch: Batch, micro_batch_size: int) -> list[Batch]:
     """Row-wise micro-batches of every tensor in ``batch`` (the last one may be smaller)."""
     n = next(iter(batch.values())).shape[0]
     return [{k: v[i : i + micro_batch_size] for k, v in batch.items()} for i in range(0, n, micro_batch_size)]
-
-
-def _shard(model: nn.Module, mesh, compute: torch.dtype | None, cpu_offload: bool, device: str) -> None:
-    """``fully_shard`` each no-split block (HF ``_no_split_modules``), then the root.
-
-    Under mixed precision the all-gathered parameters are cast to ``compute`` and gradients are
-    reduce-scattered in fp32 into the fp32 shards; a critic's value head gets an fp32 policy of its
-    own so values are not rounded to the compute dtype.
-    """
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-
-    kwargs: dict = {"mesh": mesh}
-    if compute is not None:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
-    if cpu_offload and device != "cpu":
-        kwargs["offload_policy"] = CPUOffloadPolicy()
-    block_names = set(getattr(model, "_no_split_modules", None) or [])
-    blocks = [m for m in model.modules() if type(m).__name__ in block_names]
-    for block in blocks:
-        fully_shard(block, **kwargs)
-    head = getattr(model, "value_head", None)
-    if compute is not None and isinstance(head, nn.Module):
-        fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
-        fully_shard(head, **{**kwargs, "mp_policy": fp32})
-    fully_shard(model, **kwargs)
-
-
-def _enable_activation_checkpointing(model: nn.Module, value_head: bool) -> None:
-    target = model.backbone if value_head else model
-    if hasattr(target, "activation_checkpointing_enable"):  # transformers >= 5.x name
-        target.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 @register_engine("train", model_type="*", backend="fsdp2", device="*")
@@ -106,6 +76,7 @@ class FSDPTrainEngine:
         share_prefix: bool = True,
         mesh=None,
         tokenizer=None,
+        lora: LoraSpec | None = None,
     ):
         if micro_batch_size < 1 or micro_batch_tokens < 0:
             raise UserError(
@@ -123,6 +94,9 @@ class FSDPTrainEngine:
         self.compute_dtype = compute_dtype(dtype, mixed_precision)
         self.cpu_offload = cpu_offload
         self.tokenizer = tokenizer
+        if lora is not None and value_head:
+            raise UserError("LoRA ([actor.lora]) trains the actor only; a value model trains in full")
+        self.lora = lora
         self.distributed = dist.is_available() and dist.is_initialized()
         load_kwargs = dict(
             dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation
@@ -135,8 +109,10 @@ class FSDPTrainEngine:
             offload = cpu_offload and self.device.type != "cpu"
 
             def prepare(m: nn.Module) -> None:
+                if lora is not None:
+                    lora_lib.inject(m, lora, on_meta=True)
                 if activation_checkpointing:
-                    _enable_activation_checkpointing(m, value_head)
+                    enable_activation_checkpointing(m, value_head)
 
             model = load_sharded(
                 model_path,
@@ -149,9 +125,14 @@ class FSDPTrainEngine:
             )
         else:
             model = (load_value_model if value_head else load_causal_lm)(model_path, **load_kwargs)
+            if lora is not None:
+                lora_lib.inject(model, lora)
             if activation_checkpointing:
-                _enable_activation_checkpointing(model, value_head)
+                enable_activation_checkpointing(model, value_head)
             model.to(self.device)
+        if lora is not None:  # the same starting adapter at every world size
+            lora_lib.init_adapter(model, lora.seed)
+            lora_lib.copy_saved_modules(model)
         self.arch_name = type(model).__name__.removeprefix("FSDP")
         self.share_prefix = self.share_prefix and not length_dependent_rope(model.config)  # dynamic RoPE
         self.mesh = mesh
@@ -252,6 +233,13 @@ class FSDPTrainEngine:
         ]
         self._reshard()
         return {k: torch.cat([o[k] for o in outs]).cpu() for k in outs[0]}
+
+    def compute_base_log_prob(
+        self, batch: Batch, temperature: float = 1.0, micro_batch_size: int | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Log-probs with the LoRA adapter switched off: the reference policy, no second copy."""
+        with lora_lib.adapter_disabled(self.model):
+            return self.compute_log_prob(batch, temperature=temperature, micro_batch_size=micro_batch_size)
 
     @torch.no_grad()
     def compute_values(self, batch: Batch, micro_batch_size: int | None = None) -> torch.Tensor:
@@ -372,6 +360,15 @@ class FSDPTrainEngine:
         yields each parameter as it is stored (a DTensor whose ``to_local()`` is this rank's shard)."""
         self._reshard()
         return fsdp_io.export_weights(self.model, mode=mode, dtype=dtype)
+
+    def export_adapter(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Stream the full trainable tensors (LoRA adapter, ``modules_to_save``), one gather each."""
+        self._reshard()
+        return fsdp_io.export_weights(self.model, mode="full", only_trainable=True)
+
+    def lora_metrics(self) -> dict[str, float]:
+        """``lora/trainable_params`` and ``lora/adapter_norm`` (L2 over every trainable tensor)."""
+        return fsdp_io.trainable_metrics(self.model, self._group() if self.distributed else None)
 
     def state_dict_for_checkpoint(self) -> dict:
         """Sharded model + optimizer state dicts (DCP layout) of this rank."""

@@ -22,6 +22,7 @@ from torch import nn
 from rlctl.engines.fingerprint import fingerprint_views
 from rlctl.engines.hf_model import cache_kwarg, load_causal_lm, output_cache, supports_logits_to_keep
 from rlctl.engines.logprob import position_ids_from_mask, scaled_log_softmax, token_log_probs
+from rlctl.engines.lora import LoraSpec, inject
 from rlctl.engines.prefix import length_dependent_rope, prompt_groups, repeat_cache_rows
 from rlctl.engines.registry import register_engine
 from rlctl.engines.sampling import sample_tokens
@@ -37,6 +38,8 @@ def _accel(device: torch.device):
 class HFRolloutEngine:
     """Rollout with an HF causal LM: ``generate``, ``update_weights``, ``sleep``/``wake``."""
 
+    adapter_sync = True  # built with ``lora``, it takes a LoRA actor's adapter tensors alone
+
     def __init__(
         self,
         model_path_or_module: str | Path | nn.Module,
@@ -48,10 +51,13 @@ class HFRolloutEngine:
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float | None = None,
         seed: int = 0,
+        lora: LoraSpec | None = None,
     ):
         """``gpu_memory_utilization`` is for engines that pre-allocate a KV cache (vLLM, SGLang);
         this engine allocates as it goes and ignores it. ``seed`` is unused: every ``generate``
-        call takes its own."""
+        call takes its own. ``lora``: the base is held once with the trainer's adapter layers
+        injected (:mod:`rlctl.engines.lora`); a sync then sends only the adapter tensors, copied
+        in place under the same names."""
         if tensor_parallel_size != 1:
             raise UserError(
                 f"the HF rollout engine runs one model copy per rank; tensor_parallel_size="
@@ -67,6 +73,8 @@ class HFRolloutEngine:
                 trust_remote_code=trust_remote_code,
                 attn_implementation=attn_implementation,
             )
+        if lora is not None:
+            inject(model, lora)
         self.model = model.to(self.device).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)

@@ -14,7 +14,8 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
     """Every key of every section, resolved (defaults included)."""
     out: dict[str, Any] = {"description": profile.description}
     for name in SECTIONS:
-        out[name] = dataclasses.asdict(getattr(profile, name))
+        # an absent sub-table (``actor.lora`` off) is None, which TOML cannot write: leave it out
+        out[name] = {k: v for k, v in dataclasses.asdict(getattr(profile, name)).items() if v is not None}
     return out
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import re
 import sys
+import types
 import typing
 from importlib import resources
 from pathlib import Path
@@ -212,10 +213,22 @@ def _build_section(name: str, cls: type, table: dict[str, Any], where: Any) -> A
             all_keys = [f"{name}.{k}" for k in fields]
             raise UserError(f"{where(dotted)}: unknown key '{dotted}'{_did_you_mean(dotted, all_keys)}")
         meta = fields[key].metadata
+        table_cls = nested_table(hints[key])
+        if table_cls is not None:  # a sub-table such as [actor.lora]
+            if not isinstance(value, dict):
+                raise UserError(f"{where(dotted)}: {dotted}: expected a table [{dotted}], got {_show(value)}")
+            kwargs[key] = _build_section(dotted, table_cls, value, where)
+            continue
         kwargs[key] = _coerce(value, hints[key], f"{where(dotted)}: {dotted}")
         if not check_range(kwargs[key], meta):
             raise UserError(f"{where(dotted)}: {dotted}: expected {describe_range(meta)}, got {_show(value)}")
     return cls(**kwargs)
+
+
+def nested_table(hint: Any) -> type | None:
+    """The dataclass of a sub-table field (``X`` or ``X | None``), else None."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    return next((o for o in options if dataclasses.is_dataclass(o)), None)
 
 
 def _coerce(value: Any, hint: Any, label: str) -> Any:

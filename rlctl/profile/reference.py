@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 from rlctl.profile.fields import describe_range
+from rlctl.profile.loader import nested_table
 from rlctl.profile.schema import SECTIONS
 
 
@@ -18,11 +20,24 @@ def reference_markdown() -> str:
         "",
     ]
     for name, cls in SECTIONS.items():
-        inst = cls()
-        lines += [f"## [{name}]", "", "| key | default | allowed | meaning |", "|---|---|---|---|"]
-        for f in dataclasses.fields(cls):
-            allowed = describe_range(dict(f.metadata)).replace("|", "\\\\|")
-            default = repr(getattr(inst, f.name)).replace("'", '"')
-            lines.append(f"| `{f.name}` | `{default}` | {allowed} | {f.metadata['help']} |")
-        lines.append("")
+        lines += _table(name, cls)
     return "\n".join(lines)
+
+
+def _table(name: str, cls: type) -> list[str]:
+    """One section's table, then one per sub-table (``[actor.lora]``)."""
+    inst = cls()
+    hints = typing.get_type_hints(cls)
+    lines = [f"## [{name}]", "", "| key | default | allowed | meaning |", "|---|---|---|---|"]
+    subs = []
+    for f in dataclasses.fields(cls):
+        allowed = describe_range(dict(f.metadata)).replace("|", "\\\\|")
+        default = repr(getattr(inst, f.name)).replace("'", '"')
+        lines.append(f"| `{f.name}` | `{default}` | {allowed} | {f.metadata['help']} |")
+        sub = nested_table(hints[f.name])
+        if sub is not None:
+            subs.append((f"{name}.{f.name}", sub))
+    lines.append("")
+    for sub_name, sub in subs:
+        lines += _table(sub_name, sub)
+    return lines

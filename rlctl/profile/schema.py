@@ -101,6 +101,26 @@ class AlgorithmSection:
 
 
 @dataclass
+class LoraSection:
+    """``[actor.lora]``: present = train a LoRA adapter (peft) on a frozen base instead of all weights."""
+
+    rank: int = field(16, "LoRA rank r of every adapted projection.", ge=1)
+    alpha: float = field(32.0, "LoRA alpha; the update is scaled by alpha / rank.", gt=0)
+    dropout: float = field(0.0, "Dropout on the adapter's input (training forward only).", ge=0, lt=1)
+    target_modules: list[str] = field(
+        ["all-linear"],
+        "Modules to adapt, by name suffix (peft's target_modules), or ['all-linear'] for every linear "
+        "projection except the output head.",
+    )
+    modules_to_save: list[str] = field(
+        [], "Modules trained in full beside the adapter (peft's modules_to_save), e.g. ['lm_head']."
+    )
+    export_merged: bool = field(
+        False, "Also export the base with the adapter merged in (RUN_DIR/hf/merged, plain transformers)."
+    )
+
+
+@dataclass
 class ActorSection:
     lr: float = field(1e-6, "Learning rate.", gt=0)
     weight_decay: float = field(0.0, "AdamW weight decay.", ge=0)
@@ -130,6 +150,9 @@ class ActorSection:
     activation_checkpointing: bool = field(False, "Recompute activations in backward.")
     param_offload: bool = field(False, "Offload parameters to CPU between stages (accelerators).")
     optimizer_offload: bool = field(False, "Offload optimizer state to CPU between stages (accelerators).")
+    lora: LoraSection | None = field(
+        None, "LoRA instead of full fine-tuning: the [actor.lora] table (keys below); absent = off."
+    )
 
 
 @dataclass

@@ -21,6 +21,7 @@ from rlctl.data.batcher import left_pad
 from rlctl.engines.fsdp_train import FSDPTrainEngine
 from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.engines.optim import LossScale, OptimConfig
+from rlctl.errors import UserError
 from rlctl.log import get_logger
 from rlctl.profile.schema import Profile
 from rlctl.tracking import Tracker
@@ -68,6 +69,11 @@ def nll_loss(out: dict[str, torch.Tensor], mb: dict[str, torch.Tensor], scale: L
 def run_sft(profile: Profile, run_dir: Path) -> dict[str, Any]:
     """Train, validate every ``sft.eval_every`` steps, stop at ``sft.stop_at_accuracy``, export HF."""
     s = profile.sft
+    if profile.actor.lora is not None:
+        raise UserError(
+            f"{profile.source}: actor.lora: LoRA applies to RL training (rlctl train); rlctl sft trains "
+            "all weights: remove the [actor.lora] table"
+        )
     torch.manual_seed(profile.run.seed)
     model_path = materialize_model(profile.model.path, run_dir / "base_model", seed=profile.run.seed)
     profile = replace(profile, model=replace(profile.model, path=model_path))

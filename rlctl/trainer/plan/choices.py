@@ -74,3 +74,20 @@ def check_engine_keys(profile: Profile, engine: str) -> None:
             f"{profile.source}: rollout.gpu_memory_utilization: set to {r.gpu_memory_utilization}, but the "
             "HF rollout engine allocates as it goes and reads no memory fraction (only vllm/sglang do)"
         )
+
+
+def check_lora(profile: Profile) -> None:
+    """``[actor.lora]`` needs peft, and its reference is the base it adapts (no other ``ref.path``)."""
+    import importlib.util
+
+    if profile.actor.lora is None:
+        return
+    if profile.uses_reference and profile.ref.path and profile.ref.path != profile.model.path:
+        raise UserError(
+            f"{profile.source}: ref.path: {profile.ref.path!r}, but with [actor.lora] the reference "
+            "policy is the actor's own base (adapter off); remove ref.path or the [actor.lora] table"
+        )
+    if importlib.util.find_spec("peft") is None:
+        raise UserError(
+            f"{profile.source}: actor.lora: LoRA training needs the peft package; pip install 'rlctl[lora]'"
+        )

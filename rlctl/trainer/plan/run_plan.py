@@ -191,6 +191,7 @@ def resolve_plan(
         dtype = choices.compute_dtype(p, platform)
         rollout = choices.rollout_engine(p, platform)
         choices.check_engine_keys(p, rollout)
+        choices.check_lora(p)
         device = cpu_spec(platform.host) if platform.device_type == "cpu" else _probed_device(platform)
         nodes, per_node, target = p.cluster.nodes, p.cluster.devices_per_node, "this host"
         reason = platform.resolution.reason if platform.resolution else "given by caller"
@@ -202,6 +203,7 @@ def resolve_plan(
         dtype = asked if asked != "auto" else ("bfloat16" if device.supports_bf16 else "float32")
         rollout = _rollout_engine_for_target(p, platform)
         choices.check_engine_keys(p, rollout)
+        choices.check_lora(p)
         nodes, target = p.cluster.nodes, f"{device.name}:{per_node}"
         reason = (
             f"target hardware {target} ({device.source}); kernels as on a bare install of the "
@@ -225,7 +227,7 @@ def resolve_plan(
 
     roles["actor"] = role("actor", "fsdp", dtype, TRAIN_DISTS)
     roles["rollout"] = role("rollout", rollout, dtype, rollout_dists + ("torch",))
-    if p.uses_reference:
+    if p.uses_reference and p.actor.lora is None:  # a LoRA actor is its own reference (adapter off)
         roles["ref"] = role("ref", "fsdp", dtype, TRAIN_DISTS)
     if p.uses_critic:
         roles["critic"] = role("critic", "fsdp", dtype, TRAIN_DISTS)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from rlctl.engines.lora import LoraSpec
 from rlctl.engines.optim import OptimConfig
 from rlctl.profile.schema import Profile
 
@@ -88,6 +89,9 @@ class PolicySpec:
     loss: ActorLossSpec
     update: UpdateSpec
     rollout: RolloutSpec = RolloutSpec()
+    lora: LoraSpec | None = None  # [actor.lora]: adapter training, adapter-only sync
+    serves_reference: bool = False  # LoRA + KL: the reference is this model with the adapter off
+    ref_micro_batch: tuple[int, int] = (32, 0)  # its forwards: (ref.micro_batch_sequences, _tokens)
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,22 @@ def effective_rollout_correction(profile: Profile) -> str:
     if profile.trainer.mode != "sync" and correction == "off":
         return "token"
     return correction
+
+
+def lora_spec(profile: Profile) -> LoraSpec | None:
+    """``[actor.lora]`` as the engines' spec (the adapter's initial values seeded by ``run.seed``)."""
+    lo = profile.actor.lora
+    if lo is None:
+        return None
+    return LoraSpec(
+        rank=lo.rank,
+        alpha=lo.alpha,
+        dropout=lo.dropout,
+        target_modules=tuple(lo.target_modules),
+        modules_to_save=tuple(lo.modules_to_save),
+        export_merged=lo.export_merged,
+        seed=profile.run.seed,
+    )
 
 
 def build_specs(
@@ -194,9 +214,12 @@ def build_specs(
             if rollout_engine == "hf"
             else dict(rollout_engine_kwargs or {}),
         ),
+        lora=lora_spec(p),
+        serves_reference=p.actor.lora is not None and profile.uses_reference,
+        ref_micro_batch=(p.ref.micro_batch_sequences, p.ref.micro_batch_tokens),
     )
     ref = None
-    if profile.uses_reference:
+    if profile.uses_reference and not policy.serves_reference:
         ref = RefSpec(
             engine=replace(
                 base,

@@ -56,7 +56,7 @@ class RunContext:
 
     def shutdown(self) -> None:
         for group in (self.policy, self.ref, self.critic):
-            if group is not None:
+            if group is not None and (group is not self.ref or self.ref is not self.policy):
                 group.shutdown()
         if self.pool is not None:  # else every run in one process keeps its placement group
             self.pool.release()
@@ -140,7 +140,8 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) 
         val_prompts=val,
         reward=scorer,
         policy=groups["policy"],
-        ref=groups.get("ref"),
+        # a LoRA actor serves its own reference (adapter off): no second model
+        ref=groups["policy"] if specs.policy.serves_reference else groups.get("ref"),
         critic=groups.get("critic"),
         stop_ids=stop_token_ids(profile.model.path, tokenizer),
         pool=pool,

@@ -51,16 +51,20 @@ class SyncCheck:
         self.warned = False
         self.canary = canary  # a :class:`~.canary.SyncCanary`, run after the fingerprint
 
-    def after_sync(self, model, rollout, *, device, group=None, actor=None) -> dict[str, float]:
+    def after_sync(
+        self, model, rollout, *, device, group=None, actor=None, params=None
+    ) -> dict[str, float]:
         """Count the sync, then fingerprint both sides; RunError naming the first tensor that differs.
         Then, given the training engine ``actor`` and a canary, the canary (:mod:`.canary`).
 
         ``model`` is the training engine's module (plain or FSDP2), ``rollout`` an engine with
         ``weight_fingerprint(spec)``. Every rank of a sharded model must call this together.
+        ``params``: ``(HF name, full tensor)`` pairs to check instead of the model's own (a LoRA
+        actor's merged weights, sampled, where the engine holds no adapter).
         """
         self.version += 1
         start = time.perf_counter()
-        params = list(model.named_parameters())
+        params = list(model.named_parameters()) if params is None else params
         spec = [(name, tuple(p.shape)) for name, p in params]
         read = getattr(rollout, "weight_fingerprint", None)
         theirs = read(spec) if read is not None else None
@@ -109,6 +113,8 @@ def merge_sync_metrics(per_rank: list[dict[str, float]] | None) -> dict[str, flo
         "sync/fingerprint_s": max(r["sync/fingerprint_s"] for r in records),
         "rollout/weight_version": records[0]["sync/weight_version"] - 1.0,  # the version this step sampled
         "sync/weight_version": records[0]["sync/weight_version"],
+        # bytes loaded into rank 0's rollout engine (the full model, or a LoRA actor's adapter)
+        **{k: records[0][k] for k in ("sync/bytes", "sync/model_bytes") if k in records[0]},
     }
     if all("sync/canary_ok" in r for r in records):  # the canary: worst verdict, largest gap and time
         out["sync/canary_ok"] = min(r["sync/canary_ok"] for r in records)

@@ -28,6 +28,8 @@ from rlctl.trainer.step.minibatch import MINI_BATCH_ROWS, split_mini_batches
 from rlctl.trainer.step.stages import mean_metrics
 from rlctl.trainer.workers.losses import make_actor_loss, make_critic_loss
 from rlctl.trainer.workers.memory import PeakMemory
+from rlctl.trainer.workers.sampling import _pad_responses, sample_rows  # noqa: F401  (re-exported)
+from rlctl.trainer.workers.weight_streams import ByteCount, merged_stream, model_bytes
 
 SYNC_STATE = "sync.json"  # the actor's weight version, beside its checkpoint
 
@@ -83,6 +85,9 @@ def rollout_engine(spec: Any) -> Any:
     cls = get_engine(
         "rollout", _model_type(spec.engine.model_path), r.engine, spec.engine.device_type, r.vendor
     )
+    # an engine that holds base + adapter gets the adapter layers; others take merged weights
+    lora = getattr(spec, "lora", None)
+    extra = {"lora": lora} if lora is not None and getattr(cls, "adapter_sync", False) else {}
     return cls(
         spec.engine.model_path,
         device=spec.engine.device_type,
@@ -92,10 +97,11 @@ def rollout_engine(spec: Any) -> Any:
         gpu_memory_utilization=r.gpu_memory_utilization,
         seed=spec.engine.seed,
         **r.engine_kwargs,
+        **extra,
     )
 
 
-def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool = False):
+def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool = False, lora=None):
     """Initialise torch.distributed for this group if needed, then build an FSDP2 engine."""
     _cpu_threads(worker, spec)
     if worker.world_size > 1:
@@ -115,7 +121,15 @@ def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool
         optim=optim,
         micro_batch_size=spec.micro_batch_sequences,
         micro_batch_tokens=spec.micro_batch_tokens,
+        **({"lora": lora} if lora is not None else {}),
     )
+
+
+def peak_rss_metric() -> dict[str, float]:
+    """``memory/policy_peak_rss_gib``: this process's peak resident set so far (Linux: KiB)."""
+    import resource
+
+    return {"memory/policy_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
 def _train_view(batch: DataProto, *extra: str) -> dict[str, torch.Tensor]:
@@ -145,7 +159,7 @@ class PolicyWorker(PeakMemory, Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         spec = self.spec
-        self.actor = _train_engine(self, spec.engine, optim=spec.optim)
+        self.actor = _train_engine(self, spec.engine, optim=spec.optim, lora=spec.lora)
         self.rollout = rollout_engine(spec)
         self.actor_loss = make_actor_loss(spec.loss)
         self.sync_weights()
@@ -180,6 +194,18 @@ class PolicyWorker(PeakMemory, Worker):
             )
         return DataProto.from_dict(tensors={"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        """The reference policy of a LoRA actor: the same model with its adapter off."""
+        view = _train_view(batch)
+        sequences, tokens = self.spec.ref_micro_batch  # the [ref] micro-batch keys, as a ref worker's
+        rows = max(1, tokens // max(1, view["input_ids"].shape[1])) if tokens > 0 else sequences
+        with self._actor_on_device():
+            out = self.actor.compute_base_log_prob(
+                view, temperature=float(batch.meta.get("temperature", 1.0)), micro_batch_size=rows
+            )
+        return DataProto.from_dict(tensors={"ref_log_probs": out["log_probs"]})
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
     def update_actor(self, batch: DataProto) -> dict[str, float]:
         """One RL step: ``ppo_epochs`` passes over the driver's mini-batches, then one LR step.
@@ -208,6 +234,9 @@ class PolicyWorker(PeakMemory, Worker):
             self.actor.advance_schedule()
         # the loss's namespaced metrics (rollout_corr/*, rollout/*) keep the names the driver uses
         merged = mean_metrics(metrics) | results(parts.reduce())
+        if self.spec.lora is not None:
+            merged |= self.actor.lora_metrics()
+        merged |= peak_rss_metric()
         return {k if "/" in k else f"actor/{k}": v for k, v in merged.items()}
 
     @register(dispatch_mode=Dispatch.RANK_ZERO)
@@ -239,8 +268,14 @@ class PolicyWorker(PeakMemory, Worker):
         Returns the ``sync/*`` metrics; a tensor that differs, or a canary gap too wide, fails the sync.
         """
         self.rollout.wake()
-        if self.world_size == 1:
-            self.rollout.update_weights(without(self.actor.export_weights("full"), skip))
+        sent, checked = ByteCount(), None
+        if self.spec.lora is not None and getattr(self.rollout, "adapter_sync", False):
+            self.rollout.update_weights(sent(without(self.actor.export_adapter(), skip)))
+        elif self.spec.lora is not None:  # no adapter API in this engine: merged weights
+            checked = {}
+            self.rollout.update_weights(sent(without(merged_stream(self.actor, self.spec.lora, checked), skip)))
+        elif self.world_size == 1:
+            self.rollout.update_weights(sent(without(self.actor.export_weights("full"), skip)))
         else:
             buckets = reshard_train_to_rollout(
                 self.actor.model.config,
@@ -251,17 +286,22 @@ class PolicyWorker(PeakMemory, Worker):
                 bucket_bytes=SYNC_BUCKET_BYTES,
                 fmt="hf",
             )
-            for bucket in without(buckets, skip):
+            for bucket in sent(without(buckets, skip)):
                 self.rollout.update_weights(bucket)
         mesh = self.actor.mesh
         with self._actor_on_device():  # the canary runs one forward of the actor
-            return self._sync_check().after_sync(
+            out = self._sync_check().after_sync(
                 self.actor.model,
                 self.rollout,
                 device=self.actor.device,
                 group=mesh.get_group() if mesh is not None else None,
                 actor=self.actor,
+                params=None if checked is None else list(checked.items()),
             )
+        out["sync/bytes"] = float(sent.bytes)
+        if self.spec.lora is not None:
+            out["sync/model_bytes"] = float(model_bytes(self.actor.model))
+        return out
 
     def _sync_check(self) -> SyncCheck:
         """This rank's sync checker (made on first use: it counts the syncs, the weight version)."""
@@ -273,8 +313,14 @@ class PolicyWorker(PeakMemory, Worker):
     def full_weights(self) -> dict[str, torch.Tensor] | None:
         """The actor's full HF-named weights as host copies on rank 0 (None on other ranks; every
         rank gathers), for rollout workers in other processes (``trainer.mode`` one_step_off/async)."""
-        with self._actor_on_device():
-            out = {name: t.detach().to("cpu", copy=True) for name, t in self.actor.export_weights("full")}
+        with self._actor_on_device():  # a LoRA actor's rollout engines take the adapter alone
+            if self.spec.lora is None:
+                stream = self.actor.export_weights("full")
+            elif getattr(self.rollout, "adapter_sync", False):
+                stream = self.actor.export_adapter()
+            else:
+                stream = merged_stream(self.actor, self.spec.lora, {})
+            out = {name: t.detach().to("cpu", copy=True) for name, t in stream}
         return out if self.rank == 0 else None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -352,51 +398,3 @@ class CriticWorker(PeakMemory, Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         self.critic.load_checkpoint(Path(path) / "critic")
-
-
-def sample_rows(rollout: Any, prompts: DataProto, rank: int) -> dict[str, torch.Tensor]:
-    """One response per row of ``prompts`` with the sampling settings in its meta, seeded by the
-    request's seed and ``rank``, padded to ``max_new_tokens``: every rollout worker's generate."""
-    meta = prompts.meta
-    out = rollout.generate(
-        prompts.batch["input_ids"],
-        prompts.batch["attention_mask"],
-        n=1,
-        temperature=float(meta.get("temperature", 1.0)),
-        top_p=float(meta.get("top_p", 1.0)),
-        top_k=int(meta.get("top_k", 0)),
-        max_new_tokens=int(meta["max_new_tokens"]),
-        greedy=bool(meta.get("greedy", False)),
-        eos_token_id=meta["eos_token_id"],
-        pad_token_id=meta["pad_token_id"],
-        seed=int(meta["seed"]) * 1_000_003 + rank,
-    )
-    return _pad_responses(out, int(meta["max_new_tokens"]), int(meta["pad_token_id"]))
-
-
-def _pad_responses(out: dict[str, torch.Tensor], length: int, pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad the response part to a fixed length so every rank returns the same shapes.
-
-    Each pad is made on its tensor's own device and dtype, so this works wherever the engine
-    left its outputs.
-    """
-    resp = out["responses"]
-    extra = length - resp.shape[1]
-    if extra <= 0:
-        return out
-    b = resp.shape[0]
-
-    def zeros_like_rows(t: torch.Tensor) -> torch.Tensor:
-        return torch.zeros((b, extra), dtype=t.dtype, device=t.device)
-
-    pad_tok = torch.full((b, extra), pad_id, dtype=resp.dtype, device=resp.device)
-    padded = dict(out)
-    padded["responses"] = torch.cat([resp, pad_tok], 1)
-    padded["input_ids"] = torch.cat([out["input_ids"], pad_tok.to(out["input_ids"])], 1)
-    for key in ("response_mask", "attention_mask", "rollout_log_probs"):
-        if key in out:
-            padded[key] = torch.cat([out[key], zeros_like_rows(out[key])], 1)
-    pos = out["position_ids"]
-    steps = torch.arange(1, extra + 1, dtype=pos.dtype, device=pos.device)
-    padded["position_ids"] = torch.cat([pos, pos[:, -1:] + steps], 1)
-    return padded

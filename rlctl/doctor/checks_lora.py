@@ -1,0 +1,31 @@
+"""How a LoRA actor's (``[actor.lora]``) weights reach the platform's default rollout engine."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from rlctl.doctor.check import CheckResult, passed, skipped, warned
+from rlctl.platforms import Platform
+
+
+def check_lora_sync(p: Platform) -> CheckResult:
+    """Adapter-only sync where the engine holds the base plus an adapter it updates in place (HF);
+    merged-weight sync (the full model's bytes every step) where rlctl has no adapter path for it."""
+    from rlctl.engines.registry import get_engine
+
+    name = "lora sync"
+    if importlib.util.find_spec("peft") is None:
+        return skipped(name, "peft not installed: [actor.lora] unavailable (pip install 'rlctl[lora]')", "lora")
+    engine = p.rollout_engine()
+    if engine is None:
+        return skipped(name, "no rollout engine installed", "lora")
+    cls = get_engine("rollout", "*", engine, p.device_type)
+    if getattr(cls, "adapter_sync", False):
+        return passed(name, f"{engine}: adapter-only sync (base held once, adapter tensors copied in place)", "lora")
+    return warned(
+        name,
+        f"{engine}: merged-weight sync (base + adapter merged on the trainer, the full model's bytes per "
+        "step); its own LoRA API is not used by rlctl yet",
+        "rollout.engine = 'hf' syncs the adapter alone",
+        "lora",
+    )

@@ -1,0 +1,59 @@
+"""What a weight sync sends: a byte count of any stream, and a LoRA actor's two streams.
+
+A rollout engine that holds the base once with the adapter layers injected (``adapter_sync``
+true: the HF engine) gets only the adapter tensors, copied in place. Any other engine gets the
+base with the adapter merged in (``W + B @ A * alpha / r`` under the base's HF names), the full
+model's bytes, one parameter gathered at a time; :func:`merged_stream` keeps a few merged tensors
+so the sync check can compare them with what the engine then holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from rlctl.engines.lora import ADAPTER, LoraSpec, base_name, is_adapter, scaling
+
+MERGED_CHECKED = 3  # adapted weights of the merged stream the sync check fingerprints
+
+
+class ByteCount:
+    """Wraps a stream of ``(name, tensor)`` or of buckets of them; ``bytes`` counts what passed."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def __call__(self, stream: Iterable) -> Iterator:
+        for item in stream:
+            for _, tensor in item if isinstance(item, list) else [item]:
+                self.bytes += tensor.numel() * tensor.element_size()
+            yield item
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the full model's weights as a full sync sends them (tied weights once, no adapter)."""
+    return sum(
+        p.numel() * p.element_size()
+        for n, p in model.named_parameters()
+        if not is_adapter(n) and f".modules_to_save.{ADAPTER}." not in n
+    )
+
+
+def merged_stream(actor: Any, spec: LoraSpec, checked: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The actor's weights under the base's HF names with the adapter merged in (every rank
+    gathers every tensor, as ``export_weights("full")`` does). The first ``MERGED_CHECKED``
+    merged weights are also put in ``checked``."""
+    adapter = dict(actor.export_adapter())
+    s = scaling(spec)
+    for name, tensor in actor.export_weights("full"):
+        if is_adapter(name) or ".original_module." in name:
+            continue
+        if name.endswith(".base_layer.weight"):
+            module = name.removesuffix(".base_layer.weight")
+            a, b = adapter[f"{module}.lora_A.{ADAPTER}.weight"], adapter[f"{module}.lora_B.{ADAPTER}.weight"]
+            tensor = (tensor + (b @ a) * s).to(tensor.dtype)
+            if len(checked) < MERGED_CHECKED:
+                checked[base_name(name)] = tensor
+        yield base_name(name), tensor

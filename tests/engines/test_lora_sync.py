@@ -1,0 +1,77 @@
+"""The two ways a LoRA actor's weights reach a rollout engine, one process: the adapter alone into
+an engine that holds base + adapter (HF), and merged weights into one that holds a plain model (the
+path of engines whose adapter API rlctl does not use); both sample from the same policy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engines.helpers import make_batch, make_model
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from rlctl.engines.fsdp_train import FSDPTrainEngine
+    from rlctl.engines.lora import LoraSpec
+
+    model_dir = make_model(tmp_path_factory.mktemp("lora_sync") / "m", tie=True, seed=2)
+    spec = LoraSpec(rank=4, alpha=8.0, seed=3)
+    engine = FSDPTrainEngine(model_dir, lora=spec)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a trained-looking adapter: B no longer zero
+        for name, p in engine.model.named_parameters():
+            if ".lora_B." in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return model_dir, spec, engine
+
+
+def _logits(rollout, batch) -> torch.Tensor:
+    with torch.no_grad():
+        return rollout.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+
+
+def test_merged_sync_equals_adapter_sync(trained):
+    from rlctl.engines.hf_rollout import HFRolloutEngine
+    from rlctl.trainer.state.fingerprint import SyncCheck
+    from rlctl.trainer.workers.weight_streams import MERGED_CHECKED, ByteCount, merged_stream, model_bytes
+
+    model_dir, spec, engine = trained
+    adapter_side = HFRolloutEngine(model_dir, lora=spec)
+    adapter_bytes = ByteCount()
+    adapter_side.update_weights(adapter_bytes(engine.export_adapter()))
+    plain = HFRolloutEngine(model_dir)  # no adapter layers: what an engine without an adapter API holds
+    checked: dict[str, torch.Tensor] = {}
+    merged_bytes = ByteCount()
+    count = plain.update_weights(merged_bytes(merged_stream(engine, spec, checked)))
+    assert count == len(dict(plain.model.named_parameters()))  # every base tensor, under HF names
+    assert merged_bytes.bytes == model_bytes(engine.model)
+    assert adapter_bytes.bytes < 0.2 * merged_bytes.bytes
+    batch = make_batch(8, seed=9)
+    merged, adapted = _logits(plain, batch), _logits(adapter_side, batch)
+    assert (merged - adapted).abs().max() <= 1e-5 * adapted.abs().max()
+    base = _logits(HFRolloutEngine(model_dir), batch)  # before any sync: the base model
+    base_engine = HFRolloutEngine(model_dir)
+    assert (base - merged).abs().max() > 1e-3
+
+    # the sync check fingerprints the sampled merged weights against the engine's
+    assert len(checked) == MERGED_CHECKED and all(".base_layer" not in n for n in checked)
+    check = SyncCheck()
+    assert check.after_sync(engine.model, plain, device="cpu", params=list(checked.items()))[
+        "sync/fingerprint_ok"
+    ] == 1.0
+    from rlctl.errors import RunError
+
+    with pytest.raises(RunError, match="differs from the trainer's"):  # a base-only copy is caught
+        check.after_sync(engine.model, base_engine, device="cpu", params=list(checked.items()))
+
+
+def test_target_modules_that_match_nothing_are_refused(trained):
+    from rlctl.engines.fsdp_train import FSDPTrainEngine
+    from rlctl.engines.lora import LoraSpec
+
+    model_dir, _, _ = trained
+    from rlctl.errors import UserError
+
+    with pytest.raises(UserError, match=r"actor.lora.target_modules = \['q_projj'\]"):
+        FSDPTrainEngine(model_dir, lora=LoraSpec(target_modules=("q_projj",)))
