@@ -91,10 +91,8 @@ def build_engines(case: ParityCase, dtype: str, optim: OptimConfig, micro_batch:
         micro_batch_size=micro_batch,
         share_prefix=False,
     )
-    rollout_cls = get_engine("rollout", model_type, case.rollout_engine, device)
-    rollout = rollout_cls(
-        case.model_path, device=case.device, dtype=dtype, attn_implementation=case.attn_implementation
-    )
+    rollout_cls = get_engine("rollout", model_type, case.rollout_engine, device, case.platform)
+    rollout = rollout_cls(case.model_path, device=case.device, dtype=dtype, **case.rollout_kwargs)
     return train, rollout
 
 

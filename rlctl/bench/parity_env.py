@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import platform as pyplatform
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -35,6 +35,8 @@ class ParityCase:
     rollout_engine: str
     lr: float
     weight_decay: float
+    # what the rollout engine is built with (the platform's engine settings, as rlctl train does)
+    rollout_kwargs: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -70,10 +72,17 @@ def resolve_case(profile_path: str | Path, device: str | None = None) -> ParityC
     dev = device or platform.device_type
     if dev.split(":")[0] != platform.device_type:
         try:
-            get_engine("rollout", "*", engine, dev.split(":")[0])
+            get_engine("rollout", "*", engine, dev.split(":")[0], platform.name)
         except UserError:  # the platform's engine is not built for this device: HF runs anywhere
             engine = "hf"
         attn = "sdpa" if dev.startswith("cpu") else attn
+    if engine == "hf":
+        rollout_kwargs: dict = {"attn_implementation": attn}
+    else:
+        from rlctl.engines.engine_fields import resolve_engine_kwargs
+
+        where = f"{profile.source}: rollout.engine_kwargs"
+        rollout_kwargs = resolve_engine_kwargs(platform, engine, profile.rollout.engine_kwargs, where=where)
     return ParityCase(
         name=Path(profile.model.path).name,
         model_path=str(profile.model.path),
@@ -83,6 +92,7 @@ def resolve_case(profile_path: str | Path, device: str | None = None) -> ParityC
         rollout_engine=engine,
         lr=profile.actor.lr,
         weight_decay=profile.actor.weight_decay,
+        rollout_kwargs=rollout_kwargs,
     )
 
 

@@ -19,7 +19,7 @@ def check_lora_sync(p: Platform) -> CheckResult:
     engine = p.rollout_engine()
     if engine is None:
         return skipped(name, "no rollout engine installed", "lora")
-    cls = get_engine("rollout", "*", engine, p.device_type)
+    cls = get_engine("rollout", "*", engine, p.device_type, p.name)
     if getattr(cls, "adapter_sync", False):
         return passed(name, f"{engine}: adapter-only sync (base held once, adapter tensors copied in place)", "lora")
     return warned(

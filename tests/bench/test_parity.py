@@ -96,7 +96,14 @@ def test_perturbed_attention_kernel_fails_naming_the_quantities(tiny_case):
     from transformers import AttentionInterface
 
     AttentionInterface.register("rlctl_test_perturbed", _perturbed_sdpa)
-    case = ParityCase(**{**tiny_case.to_dict(), "attn_implementation": "rlctl_test_perturbed"})
+    perturbed = "rlctl_test_perturbed"
+    case = ParityCase(
+        **{
+            **tiny_case.to_dict(),
+            "attn_implementation": perturbed,
+            "rollout_kwargs": {"attn_implementation": perturbed},
+        }
+    )
     (result,) = run_case(case, SMALL)["results"]
     assert result["verdict"] == "FAIL"
     assert {"train_log_probs", "rollout_log_probs"} <= set(result["failing"])
