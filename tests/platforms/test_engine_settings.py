@@ -157,7 +157,14 @@ def test_platform_engines_are_the_ones_registered_for_the_vendor(name, tmp_path)
 
 @pytest.mark.parametrize(
     ("package", "version"),
-    [("vllm", "0.10.2"), ("vllm", "0.13.0"), ("vllm", "0.33.0"), ("sglang", "0.5.3"), ("sglang", "0.5.23")],
+    [
+        ("vllm", "0.10.2"),
+        ("vllm", "0.13.0"),
+        ("vllm", "0.23.0"),
+        ("vllm", "0.33.0"),
+        ("sglang", "0.5.3"),
+        ("sglang", "0.5.23"),
+    ],
 )
 def test_installed_fields_are_read_from_the_release_layout(tmp_path, package, version):
     from rlctl.platforms.dists import DistIndex
