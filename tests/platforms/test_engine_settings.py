@@ -137,7 +137,7 @@ def test_ascend_with_only_sglang_is_refused_up_front(tmp_path):
     p = AscendPlatform(ascend_sglang_only(tmp_path))
     engine, reason = p.auto_rollout_engine()
     assert engine is None
-    assert "sglang is installed but is not a ascend engine in rlctl" in reason and "\n" not in reason
+    assert "sglang is installed, but rlctl does not run it on ascend" in reason and "\n" not in reason
     assert "sglang" not in p.rollout_engines()
 
 
