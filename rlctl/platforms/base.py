@@ -271,7 +271,7 @@ class Platform:
                 ) + ")"
         stray = [n for n in self.unsupported_engines if self.host.dists.get(n) is not None]
         not_here = (
-            f" ({', '.join(stray)} is installed but is not a {self.name} engine in rlctl)" if stray else ""
+            f" ({', '.join(stray)} is installed, but rlctl does not run it on {self.name})" if stray else ""
         )
         return None, (
             f"none of the {self.name} platform's rollout engines ({', '.join(wanted)}) is installed{not_here}; "

@@ -26,7 +26,7 @@ VLLM_CUDA_SOURCE = (
     "0.13.0 ('Selected backend ... is not valid', vllm/platforms/cuda.py)"
 )
 VLLM_ROCM_SOURCE = (
-    "vllm 0.33.0 vllm/platforms/rocm.py _get_backend_priorities (MHA: ROCM_ATTN, ROCM_AITER_FA "
+    "vllm 0.33.0 vllm/platforms/rocm.py _get_backend_priorities, same order in 0.23.0 (MHA: ROCM_ATTN, ROCM_AITER_FA "
     "only with aiter MHA enabled, ROCM_AITER_UNIFIED_ATTN, TRITON_ATTN); 0.13.0 vllm/platforms/rocm.py "
     "get_attn_backend_cls (ROCM_AITER_FA with VLLM_ROCM_USE_AITER=1 on gfx9, else TRITON_ATTN); "
     "FLASH_ATTN asserts on ROCm (0.33.0 vllm/v1/attention/backends/fa_utils.py returns no "
@@ -66,7 +66,7 @@ def vllm_rocm_pick(vllm_version: str | None, aiter_enabled: bool, priorities_in_
     ``priorities_in_source``: whether the installed ``vllm/platforms/rocm.py`` defines
     ``_get_backend_priorities`` (None: source not readable; the version decides).
     """
-    new = priorities_in_source if priorities_in_source is not None else _release(vllm_version) >= (0, 33)
+    new = priorities_in_source if priorities_in_source is not None else _release(vllm_version) >= (0, 23)
     if new:
         return "ROCM_ATTN"  # first of _get_backend_priorities whenever no KV connector is used
     if _release(vllm_version) and _release(vllm_version) <= (0, 13, 99):

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from packaging.specifiers import SpecifierSet
-from packaging.version import Version
 
 from rlctl.platforms.dists import Dist, parse_version
+from rlctl.platforms.pin_matrix import matrix_outcome
 from rlctl.platforms.pins import Facts, Pin, PinOutcome, load_pins
 
 if TYPE_CHECKING:
@@ -145,67 +145,6 @@ def _rocm_arch(pin: Pin, f: Facts) -> PinOutcome:
     return PinOutcome("ok", f"ROCm {have} supports {', '.join(archs)}")
 
 
-def normalize_cann(version: str | None) -> str:
-    """CANN versions as written by different files: quotes, spaces and case dropped
-    (``"8.3.RC1"`` in a quoted ``version=`` line and ``8.3.rc1`` compare equal)."""
-    return (version or "").strip().strip("\"'").strip().lower()
-
-
-def _public(version: str | None) -> Version | None:
-    v = parse_version(version)
-    return parse_version(v.public) if v is not None else None
-
-
-def _as_list(value: Any) -> list[str]:
-    return [str(x) for x in value] if isinstance(value, (list, tuple)) else [str(value)]
-
-
-def _matrix_cell_ok(name: str, have: str | None, want: list[str]) -> tuple[bool, str]:
-    """Does the installed ``have`` satisfy the row's ``want``? (ok, note)"""
-    if have is None:
-        return False, ""
-    if name == "cann":
-        return normalize_cann(have) in {normalize_cann(w) for w in want}, ""
-    if name == "python":  # the row's "Python" column is a specifier (">=3.10,<3.13")
-        return any(_contains(w, have) for w in want), ""
-    if name in ("torch", "torch-npu"):
-        # same release is what the row pins; a different .postN build of the same release is noted
-        ok = any(_release3(have) == _release3(w) for w in want)
-        exact = any(_public(have) == _public(w) for w in want)
-        return ok, "" if exact or not ok else f"{name} {have} (row lists {'/'.join(want)})"
-    return any(_public(have) == _public(w) for w in want), ""
-
-
-def _matrix(pin: Pin, f: Facts) -> PinOutcome:
-    """The installed package's row of a compatibility matrix; ``check`` names the columns."""
-    d = _installed(f, pin.params["package"])
-    if d is None:
-        return PinOutcome("n/a", f"{pin.params['package']} is not installed")
-    mine = _public(d.version)
-    row = next((r for r in pin.params["rows"] if _public(str(r.get(d.name))) == mine), None)
-    if row is None:
-        known = ", ".join(str(r.get(d.name)) for r in pin.params["rows"][:3])
-        return PinOutcome(
-            "unknown",
-            f"{d.name} {d.version} is not in rlctl's copy of the matrix (newest rows: {known}); "
-            f"{pin.params.get('matrix_source', '')}".rstrip("; "),
-        )
-    bad, notes = [], []
-    for name in pin.params["check"]:
-        want = _as_list(row.get(name, []))
-        have = {"cann": f.details.get("cann_version"), "python": f.python}.get(name) or f.dists.version(name)
-        ok, note = _matrix_cell_ok(name, have, want)
-        if not ok:
-            bad.append(f"{name} {have or 'missing'} (wants {' or '.join(want)})")
-        elif note:
-            notes.append(note)
-    if bad:
-        return PinOutcome("violated", f"{d.name} {d.version}: {', '.join(bad)}: {pin.symptom}")
-    cols = ", ".join(f"{n} {'/'.join(_as_list(row.get(n, [])))}" for n in pin.params["check"])
-    extra = f"; note: {'; '.join(notes)}" if notes else ""
-    return PinOutcome("ok", f"{d.name} {d.version} row matches ({cols}){extra}")
-
-
 def _env(pin: Pin, f: Facts) -> PinOutcome:
     var, want = pin.params["variable"], pin.params["value"]
     have = f.env.get(var)
@@ -296,7 +235,7 @@ _EVAL: dict[str, Callable[[Pin, Facts], PinOutcome]] = {
     "cuda-driver": _cuda_driver,
     "rocm": _rocm,
     "rocm-arch": _rocm_arch,
-    "matrix": _matrix,
+    "matrix": matrix_outcome,
     "env": _env,
     "env-default": _env_default,
     "env-unset": _env_unset,
@@ -359,7 +298,7 @@ def evaluate_pins(
     engine's packages are SKIP for that run ("the run uses vllm"). Doctor's pin rows and the
     trainer's preflight both come from here; a FAIL verdict must stop a run."""
     facts = platform.facts(dict(imports) if imports is not None else None)
-    others: set[str] = set()
+    others: set[str] = set(platform.unsupported_engines)  # engines that never run here
     if engine is not None:
         for name, dists in platform.engine_dists.items():
             if name != engine:
@@ -371,7 +310,12 @@ def evaluate_pins(
         if not pin.applies_to(platform.name):
             continue
         if pin.package in others:
-            result = PinOutcome("n/a", f"the run's rollout engine is {engine}")
+            why = (
+                f"the run's rollout engine is {engine}"
+                if engine
+                else f"{pin.package} does not run on {platform.name}"
+            )
+            result = PinOutcome("n/a", why)
         else:
             result = evaluate_pin(pin, facts)
         fix = result.fix or pin.fix if result.status in ("violated", "unknown") else ""

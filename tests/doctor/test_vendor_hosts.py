@@ -252,7 +252,7 @@ def test_ascend_matrix_checks_the_python_column(tmp_path, monkeypatch, capsys):
 def test_ascend_with_only_sglang_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
     code, doc = doctor_json(ascend_sglang_only(tmp_path), monkeypatch, capsys)
     engine = rows(doc)["rollout-engine"]
-    assert "sglang is installed but is not a ascend engine in rlctl" in engine["reason"]
+    assert "sglang is installed, but rlctl does not run it on ascend" in engine["reason"]
     assert (
         "vllm-ascend" in engine["fix"] and "rlctl[vllm]" in engine["fix"]
     )  # "not pip install 'rlctl[vllm]'"
@@ -273,3 +273,11 @@ def test_evaluate_pins_is_per_engine(tmp_path):
     vllm_run = {v.id: v for v in evaluate_pins(p, "vllm")}
     assert vllm_run["sglang-torch"].verdict == "SKIP" and vllm_run["vllm-torch"].verdict == "PASS"
     assert {v.id: v.verdict for v in evaluate_pins(p, "sglang")}["sglang-torch"] == "FAIL"
+
+
+def test_sglang_pins_are_not_judged_where_sglang_never_runs(tmp_path):
+    from rlctl.platforms.ascend import AscendPlatform
+    from rlctl.platforms.pin_checks import evaluate_pins
+
+    v = {p.id: p for p in evaluate_pins(AscendPlatform(ascend_sglang_only(tmp_path)))}
+    assert v["sglang-torch"].verdict == "SKIP" and "does not run on ascend" in v["sglang-torch"].reason

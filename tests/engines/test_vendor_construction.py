@@ -74,7 +74,7 @@ def test_rocm_sglang_gets_triton(tmp_path, monkeypatch):
 
 
 def test_ascend_vllm_runs_eager(tmp_path, monkeypatch):
-    got = _construct(AscendPlatform(ascend_910b(tmp_path)), "vllm", "0.33.0", tmp_path, monkeypatch)
+    got = _construct(AscendPlatform(ascend_910b(tmp_path)), "vllm", "0.23.0", tmp_path, monkeypatch)
     assert got["enforce_eager"] is True
 
 

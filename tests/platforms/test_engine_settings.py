@@ -137,7 +137,7 @@ def test_ascend_with_only_sglang_is_refused_up_front(tmp_path):
     p = AscendPlatform(ascend_sglang_only(tmp_path))
     engine, reason = p.auto_rollout_engine()
     assert engine is None
-    assert "sglang is installed but is not a ascend engine in rlctl" in reason and "\n" not in reason
+    assert "sglang is installed, but rlctl does not run it on ascend" in reason and "\n" not in reason
     assert "sglang" not in p.rollout_engines()
 
 
@@ -157,7 +157,14 @@ def test_platform_engines_are_the_ones_registered_for_the_vendor(name, tmp_path)
 
 @pytest.mark.parametrize(
     ("package", "version"),
-    [("vllm", "0.10.2"), ("vllm", "0.13.0"), ("vllm", "0.33.0"), ("sglang", "0.5.3"), ("sglang", "0.5.23")],
+    [
+        ("vllm", "0.10.2"),
+        ("vllm", "0.13.0"),
+        ("vllm", "0.23.0"),
+        ("vllm", "0.33.0"),
+        ("sglang", "0.5.3"),
+        ("sglang", "0.5.23"),
+    ],
 )
 def test_installed_fields_are_read_from_the_release_layout(tmp_path, package, version):
     from rlctl.platforms.dists import DistIndex

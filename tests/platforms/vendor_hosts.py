@@ -143,7 +143,7 @@ def ascend_910b(tmp: Path) -> Host:
         "0.23.0.post1",
         requires=("torch==2.10.0", "torch-npu==2.10.0.post4", "transformers==5.5.4"),
     )
-    engine_source(site, "vllm", "0.33.0")  # EngineArgs of a recorded release (0.23.0's is not recorded)
+    engine_source(site, "vllm", "0.23.0")
     return host
 
 
