@@ -198,3 +198,27 @@ def adapter_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def bytes_of(named: list[tuple[str, torch.Tensor]]) -> int:
     return sum(t.numel() * t.element_size() for _, t in named)
+
+
+def shared_base_model(train_model: nn.Module, meta_model: nn.Module) -> nn.Module:
+    """A rollout model whose frozen base tensors *are* the training model's (one process, same
+    device and dtype): ``meta_model`` (the same class with the same adapter injected, parameters on
+    meta) gets the trainer's frozen storage and copies of the trainable tensors, so the base is held
+    once in the process. Tied parameters stay tied; nothing here requires grad."""
+    src = dict(train_model.named_parameters())
+    made: dict[int, nn.Parameter] = {}
+    with torch.no_grad():
+        for name, param in meta_model.named_parameters(remove_duplicate=False):
+            if id(param) not in made:
+                own = src[name]
+                data = own.detach().clone() if own.requires_grad else own.detach()
+                made[id(param)] = nn.Parameter(data, requires_grad=False)
+            module_name, _, attr = name.rpartition(".")
+            meta_model.get_submodule(module_name)._parameters[attr] = made[id(param)]
+    return meta_model
+
+
+def can_share_base(train_model: nn.Module, dtype: torch.dtype) -> bool:
+    """Whether a rollout copy in ``dtype`` can use the trainer's frozen tensors as they are."""
+    frozen = [p for p in train_model.parameters() if not p.requires_grad]
+    return bool(frozen) and all(not hasattr(p, "to_local") and p.dtype == dtype for p in frozen)

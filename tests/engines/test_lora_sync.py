@@ -75,3 +75,28 @@ def test_target_modules_that_match_nothing_are_refused(trained):
 
     with pytest.raises(UserError, match=r"actor.lora.target_modules = \['q_projj'\]"):
         FSDPTrainEngine(model_dir, lora=LoraSpec(target_modules=("q_projj",)))
+
+
+def test_colocated_rollout_shares_the_frozen_base(trained):
+    from rlctl.engines import lora
+    from rlctl.engines.fsdp_load import build_meta_model
+    from rlctl.engines.hf_rollout import HFRolloutEngine
+
+    model_dir, spec, engine = trained
+    meta = build_meta_model(
+        model_dir, dtype="float32", trust_remote_code=False, attn_implementation="sdpa", value_head=False
+    )
+    assert lora.can_share_base(engine.model, torch.float32) and not lora.can_share_base(engine.model, torch.bfloat16)
+    shared = HFRolloutEngine(lora.shared_base_model(engine.model, lora.inject(meta, spec, on_meta=True)))
+    own = dict(engine.model.named_parameters())
+    for name, p in shared.model.named_parameters():
+        same_storage = p.data_ptr() == own[name].data_ptr()
+        assert same_storage == (not own[name].requires_grad), name  # base shared, adapter copied
+        assert not p.requires_grad
+    assert own["model.embed_tokens.weight"].requires_grad is False  # the trainer's flags untouched
+    assert shared.model.lm_head.weight is shared.model.model.embed_tokens.weight  # still tied
+    separate = HFRolloutEngine(model_dir, lora=spec)
+    for rollout in (shared, separate):
+        rollout.update_weights(engine.export_adapter())
+    batch = make_batch(8, seed=11)
+    assert torch.equal(_logits(shared, batch), _logits(separate, batch))

@@ -12,7 +12,6 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -28,6 +27,7 @@ from rlctl.trainer.step.minibatch import MINI_BATCH_ROWS, split_mini_batches
 from rlctl.trainer.step.stages import mean_metrics
 from rlctl.trainer.workers.losses import make_actor_loss, make_critic_loss
 from rlctl.trainer.workers.memory import PeakMemory
+from rlctl.trainer.workers.rollout_engines import _model_type, rollout_engine  # noqa: F401  (re-exported)
 from rlctl.trainer.workers.sampling import _pad_responses, sample_rows  # noqa: F401  (re-exported)
 from rlctl.trainer.workers.weight_streams import ByteCount, merged_stream, model_bytes
 
@@ -47,13 +47,6 @@ def inject_fault(worker: Worker, method: str, step: int | None) -> None:
     name, _, at = where.partition("@")
     if name == method and at.isdigit() and int(at) == step and (not rank or int(rank) == worker.rank):
         raise RuntimeError(f"injected fault in {method} at step {step} ({FAULT_ENV}={spec})")
-
-
-def _model_type(path: str) -> str:
-    try:
-        return json.loads((Path(path) / "config.json").read_text())["model_type"]
-    except (OSError, KeyError, ValueError):
-        return "*"
 
 
 def _cpu_threads(worker: Worker, spec: EngineSpec, side: str = "train") -> int | None:
@@ -77,28 +70,6 @@ def _cpu_threads(worker: Worker, spec: EngineSpec, side: str = "train") -> int |
         threads = rollout if side == "rollout" else max(1, (cores - ranks * rollout) // ranks)
     torch.set_num_threads(threads)
     return threads
-
-
-def rollout_engine(spec: Any) -> Any:
-    """The rollout engine a policy spec names (engine registry), loaded from the spec's model."""
-    r = spec.rollout
-    cls = get_engine(
-        "rollout", _model_type(spec.engine.model_path), r.engine, spec.engine.device_type, r.vendor
-    )
-    # an engine that holds base + adapter gets the adapter layers; others take merged weights
-    lora = getattr(spec, "lora", None)
-    extra = {"lora": lora} if lora is not None and getattr(cls, "adapter_sync", False) else {}
-    return cls(
-        spec.engine.model_path,
-        device=spec.engine.device_type,
-        dtype=r.dtype,
-        trust_remote_code=spec.engine.trust_remote_code,
-        tensor_parallel_size=r.tensor_parallel_size,
-        gpu_memory_utilization=r.gpu_memory_utilization,
-        seed=spec.engine.seed,
-        **r.engine_kwargs,
-        **extra,
-    )
 
 
 def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool = False, lora=None):
@@ -160,7 +131,7 @@ class PolicyWorker(PeakMemory, Worker):
     def init_model(self) -> None:
         spec = self.spec
         self.actor = _train_engine(self, spec.engine, optim=spec.optim, lora=spec.lora)
-        self.rollout = rollout_engine(spec)
+        self.rollout = rollout_engine(spec, actor=self.actor if self.world_size == 1 else None)
         self.actor_loss = make_actor_loss(spec.loss)
         self.sync_weights()
 
