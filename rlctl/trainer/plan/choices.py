@@ -60,7 +60,7 @@ def rollout_engine(profile: Profile, platform: Platform) -> str:
         needs = ", ".join(platform.engine_dists.get(asked, (asked,)))
         raise UserError(
             f"{profile.source}: rollout.engine: {asked} is not installed (needs {needs}); "
-            f"pip install 'rlctl[{asked}]', or choose another engine"
+            f"{platform.engine_install_hint(asked)}, or choose another engine"
         )
     return asked
 
