@@ -93,11 +93,6 @@ def has_adapter(model: nn.Module) -> bool:
     return any(is_adapter(n) for n, _ in model.named_parameters())
 
 
-def trainable(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The parameters that train (adapter and ``modules_to_save``), as held (DTensor shards too)."""
-    return ((n, p) for n, p in model.named_parameters() if p.requires_grad)
-
-
 def _rows(param: torch.Tensor) -> tuple[int, int]:
     """Global dim-0 rows ``[start, stop)`` of this rank's piece (all of a plain tensor); FSDP2's
     ``Shard(0)`` cuts ``torch.chunk`` sizes, as ``fsdp_load.dim0_range`` reads them."""
@@ -187,17 +182,17 @@ def merged_state(state: dict[str, torch.Tensor], spec: LoraSpec) -> dict[str, to
 
 
 def adapter_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """peft's saved-adapter layout of a full state dict (``get_peft_model_state_dict``'s keys:
-    ``base_model.model.`` + name with the adapter name dropped)."""
+    """peft's saved-adapter layout of a full state dict (``get_peft_model_state_dict``'s keys):
+    ``base_model.model.`` + the LoRA name without the adapter name; a ``modules_to_save`` copy
+    under its module's own name (peft 0.21, ``utils/other.py``, ``ModulesToSaveWrapper.adapter_state_dict``)."""
     out = {}
     for name, tensor in state.items():
-        if is_adapter(name) or f".modules_to_save.{ADAPTER}." in name:
+        if is_adapter(name):
             out["base_model.model." + name.replace(f".{ADAPTER}", "")] = tensor.contiguous()
+        elif f".modules_to_save.{ADAPTER}." in name:
+            out["base_model.model." + name.replace(f".modules_to_save.{ADAPTER}", "")] = tensor.contiguous()
     return out
 
-
-def bytes_of(named: list[tuple[str, torch.Tensor]]) -> int:
-    return sum(t.numel() * t.element_size() for _, t in named)
 
 
 def shared_base_model(train_model: nn.Module, meta_model: nn.Module) -> nn.Module:

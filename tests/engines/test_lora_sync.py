@@ -100,3 +100,33 @@ def test_colocated_rollout_shares_the_frozen_base(trained):
         rollout.update_weights(engine.export_adapter())
     batch = make_batch(8, seed=11)
     assert torch.equal(_logits(shared, batch), _logits(separate, batch))
+
+
+def test_modules_to_save_train_in_full_and_travel_with_the_adapter(tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rlctl.engines.fsdp_train import FSDPTrainEngine
+    from rlctl.engines.hf_rollout import HFRolloutEngine
+    from rlctl.engines.lora import LoraSpec
+    from rlctl.engines.optim import OptimConfig
+    from tests.engines.helpers import token_mean_loss
+
+    model_dir = make_model(tmp_path / "m", tie=False, seed=4)
+    spec = LoraSpec(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj"), modules_to_save=("lm_head",))
+    engine = FSDPTrainEngine(model_dir, lora=spec, optim=OptimConfig(lr=1e-2, grad_clip=0.0))
+    trained = {n for n, p in engine.model.named_parameters() if p.requires_grad}
+    assert "lm_head.modules_to_save.default.weight" in trained
+    assert all(".lora_" in n or "modules_to_save" in n for n in trained)
+    assert {n.split(".")[-4] for n in trained if ".lora_" in n} == {"q_proj", "v_proj"}
+    engine.train_batch(make_batch(8, seed=1), token_mean_loss)
+    rollout = HFRolloutEngine(model_dir, lora=spec)
+    assert rollout.update_weights(engine.export_adapter()) == len(trained)
+    engine.save_hf(tmp_path / "hf")
+    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), str(tmp_path / "hf"))
+    batch = make_batch(8, seed=12)
+    with torch.no_grad():
+        ours = engine.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        theirs = reloaded(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    assert (ours - theirs).abs().max() <= 1e-5 * ours.abs().max()
+    assert (ours - _logits(rollout, batch)).abs().max() <= 1e-5 * ours.abs().max()
