@@ -193,3 +193,22 @@ def test_pins_of_packages_the_run_uses_fail_the_plan(tmp_path):
     assert plan.roles["actor"].versions["transformers"] == "5.6.0"
     with pytest.raises(UserError, match="pin transformers-5.6.0"):
         refuse_failures(plan)
+
+
+def test_lora_plan_counts_adapter_state_and_adapter_sync():
+    """[actor.lora]: gradients and AdamW state for the adapter alone, no reference copy, and the
+    HF engine's adapter-only sync (peft's own parameter count for the same adapter)."""
+    full = resolve_plan(load_profile(str(REPO / "profiles/smollm2-cpu.toml")), hardware=None)
+    lora = resolve_plan(load_profile(str(REPO / "profiles/smollm2-lora-cpu.toml")), hardware=None)
+    trainable = lora.memory["lora_trainable_params"]
+    # SmolLM2-135M, all-linear at rank r: r x (in + out) summed over 7 projections x 30 layers
+    r = load_profile(str(REPO / "profiles/smollm2-lora-cpu.toml")).actor.lora.rank
+    per_layer = (576 + 576) + 2 * (576 + 192) + (576 + 576) + 2 * (576 + 1536) + (1536 + 576)
+    assert trainable == r * per_layer * 30
+    actor, actor_full = lora.memory["roles"]["actor"], full.memory["roles"]["actor"]
+    assert actor["grads_gib"] < actor_full["grads_gib"] / 20
+    assert actor["optimizer_gib"] < actor_full["optimizer_gib"] / 20
+    assert "ref" not in lora.roles
+    assert lora.memory["weight_sync"]["lora"] == "adapter-only"
+    assert lora.memory["weight_sync"]["bytes_gib"] <= 0.05 * full.memory["weight_sync"]["bytes_gib"]
+    assert lora.memory["predicted_peak_gib"] < full.memory["predicted_peak_gib"]

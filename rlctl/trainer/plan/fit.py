@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlctl.errors import UserError
 from rlctl.profile.schema import Profile
 from rlctl.trainer.plan import memory as mem
 from rlctl.trainer.plan.pin_verdicts import PinVerdict
@@ -82,6 +83,10 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
     )
 
     # ---- memory
+    lo = p.actor.lora
+    lora_trainable = (
+        shape.lora_params(lo.rank, lo.target_modules, lo.modules_to_save) if lo is not None else None
+    )
     mini_rows = -(-(mini or p.trainer.prompts_per_step) * p.rollout.n // world)  # one update's rows per rank
     actor = mem.training_memory(
         shape,
@@ -95,6 +100,7 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         checkpointing=p.actor.activation_checkpointing,
         group_size=p.rollout.n,
         temperature=p.rollout.temperature,
+        trainable=lora_trainable,
     )
     resident = (
         0
@@ -136,12 +142,14 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         seq_len=seq_len,
     )
     roles_mem["rollout"] = {**mem.as_gib_dict(ro), "max_model_len_source": len_source}
+    lora_sync = lora_sync_mode(plan, rollout.engine) if lora_trainable is not None else None
     sync = mem.sync_memory(
         shape,
         dtype=rollout.dtype,
         world=world,
         link_gb_s=plan.device.link_gb_s,
         hbm_gb_s=plan.device.hbm_gb_s,
+        params=lora_trainable if lora_sync == "adapter-only" else None,
     )
     cpu = plan.device_type == "cpu"
     # on CPU every rank of a node is a process sharing the host's RAM
@@ -153,13 +161,18 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
     else:  # HF: its own copy of the weights stays; its KV and logits come and go
         rollout_phase = resident + ro.reserved
         awake = ro.weights
+        if lora_trainable is not None and world == 1 and rollout.dtype == "float32":
+            # one rank, same dtype: the engine's frozen base is the trainer's own (engines.lora)
+            shared = ro.weights - lora_trainable * 4
+            rollout_phase, awake = rollout_phase - shared, awake - shared
     train_phase = resident + awake + transient if cpu or ro.engine == "hf" else resident + transient
     peak = baseline + max(train_phase, rollout_phase)
     plan.memory = {
         "per_device": True,
         "device_gib": plan.device.memory_gib,
         "roles": roles_mem,
-        "weight_sync": {**mem.as_gib_dict(sync), "seconds": sync.seconds},
+        "weight_sync": {**mem.as_gib_dict(sync), "seconds": sync.seconds, "lora": lora_sync},
+        "lora_trainable_params": lora_trainable,
         "cpu_worker_baseline_gib": mem.CPU_WORKER_BASELINE_GIB if cpu else None,
         "train_phase_gib": mem.to_gib(baseline + train_phase),
         "rollout_phase_gib": mem.to_gib(baseline + rollout_phase),
@@ -218,3 +231,15 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         else:
             why = "a package this run does not use" if not used else "warn severity"
             checks.append(Check(f"pin {v.id}", WARN, f"{v.reason} (not blocking: {why})", v.fix))
+
+
+def lora_sync_mode(plan: Any, engine: str) -> str:
+    """How a LoRA actor's weights reach ``engine``: ``adapter-only`` where the engine class holds
+    base + adapter (``adapter_sync``), else ``merged`` (the full model's bytes every step)."""
+    from rlctl.engines.registry import get_engine
+
+    try:
+        cls = get_engine("rollout", "*", engine, plan.device_type, plan.platform)
+    except UserError:
+        return "merged"
+    return "adapter-only" if getattr(cls, "adapter_sync", False) else "merged"

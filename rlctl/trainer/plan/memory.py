@@ -88,13 +88,17 @@ def training_memory(
     group_size: int = 1,
     temperature: float = 1.0,
     value_head: bool = False,
+    trainable: int | None = None,
 ) -> Training:
     """Bytes per device of one FSDP2-trained model (actor or critic).
 
     Without checkpointing the actor computes each distinct prompt of a micro-batch once
     (``engines.prefix``: the ``group_size`` = ``rollout.n`` samples of a prompt are adjacent rows)
-    and runs the responses against the prompt's cache repeated per row."""
+    and runs the responses against the prompt's cache repeated per row. ``trainable``: a LoRA
+    actor's adapter parameters (fp32 master, gradients and AdamW state for those alone; the frozen
+    base keeps only its weights)."""
     p = shape.params
+    adapter = math.ceil((trainable if trainable is not None else p) / world)
     c = DTYPE_BYTES.get(compute_dtype, 4)
     sharded = math.ceil(p / world)
     gathered = 0
@@ -122,9 +126,9 @@ def training_memory(
     copies = 5 + (1 if temperature != 1.0 else 0)
     logits = 0 if value_head else copies * rows * response_len * shape.vocab_size * 4
     return Training(
-        weights=4 * sharded,
-        grads=4 * sharded,
-        optimizer=8 * sharded,
+        weights=4 * sharded + (4 * adapter if trainable is not None else 0),
+        grads=4 * adapter,
+        optimizer=8 * adapter,
         gathered=gathered,
         activations=ckpt if checkpointing else full,
         activations_no_checkpointing=full,
@@ -206,13 +210,20 @@ class Sync:
 
 
 def sync_memory(
-    shape: ModelShape, *, dtype: str, world: int, link_gb_s: float | None, hbm_gb_s: float | None
+    shape: ModelShape,
+    *,
+    dtype: str,
+    world: int,
+    link_gb_s: float | None,
+    hbm_gb_s: float | None,
+    params: int | None = None,
 ) -> Sync:
     """Bytes each rollout replica receives and the time at the device's link: with several ranks
     every rank gathers the (world-1)/world it does not hold over the link (one direction: half
-    the datasheet's bidirectional figure), then copies into the engine at memory bandwidth."""
+    the datasheet's bidirectional figure), then copies into the engine at memory bandwidth.
+    ``params``: what is sent, when not the whole model (a LoRA adapter)."""
     b = DTYPE_BYTES.get(dtype, 4)
-    total = shape.params * b
+    total = (shape.params if params is None else params) * b
     if world == 1 or not link_gb_s:
         seconds = total / (hbm_gb_s * 1e9) if hbm_gb_s else None
         return Sync(total, link_gb_s, seconds, "in-device copy" if hbm_gb_s else "in-process copy")

@@ -88,7 +88,8 @@ def memory_lines(memory: dict[str, Any]) -> list[str]:
     s = memory["weight_sync"]
     secs = "-" if s["seconds"] is None else f"{s['seconds'] * 1000:.1f} ms"
     link = f" at {s['link_gb_s']:g} GB/s" if s["link_gb_s"] else ""
-    out.append(f"  sync     {_g(s['bytes_gib'])} per update, {s['path']}{link}: {secs}")
+    lora = f" (LoRA: {s['lora']})" if s.get("lora") else ""
+    out.append(f"  sync     {_g(s['bytes_gib'])} per update{lora}, {s['path']}{link}: {secs}")
     base = memory.get("cpu_worker_baseline_gib")
     out.append(
         f"  peak     training {_g(memory['train_phase_gib'])}, generating {_g(memory['rollout_phase_gib'])}"

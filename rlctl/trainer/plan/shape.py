@@ -89,6 +89,21 @@ class ModelShape:
             attn += q + 2 * kv
         return attn + 3 * h * self.intermediate_size + 2 * h
 
+    def lora_params(self, rank: int, target_modules: list[str], modules_to_save: list[str] = ()) -> int:
+        """Trainable parameters of a peft LoRA adapter on this (Llama/Qwen2-shaped) model: ``rank``
+        x (in + out) per adapted projection (``all-linear``: every projection but the output head),
+        plus full copies of ``modules_to_save`` (peft trains those in full)."""
+        h, i = self.hidden_size, self.intermediate_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        sides = {
+            "q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h,
+            "gate_proj": h + i, "up_proj": h + i, "down_proj": i + h,
+        }  # fmt: skip
+        names = list(sides) if list(target_modules) == ["all-linear"] else list(target_modules)
+        adapted = sum(sides.get(n.rsplit(".", 1)[-1], 0) for n in names)
+        full = {"embed_tokens": self.vocab_size * h, "lm_head": self.vocab_size * h}
+        return rank * adapted * self.num_layers + sum(full.get(m, 0) for m in modules_to_save)
+
     @property
     def params(self) -> int:
         """All parameters: embeddings, layers, final norm, and the LM head unless tied."""
