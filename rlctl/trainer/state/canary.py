@@ -82,12 +82,15 @@ class SyncCanary:
         self.warned = False
 
     @classmethod
-    def of_policy(cls, spec, rank: int) -> SyncCanary:
-        """The canary of a policy worker's spec: its actor's compute dtype, its rollout's dtype."""
+    def of_worker(cls, worker) -> SyncCanary | None:
+        """The canary of a policy worker: its actor's compute dtype, its rollout's dtype, its rank
+        (None without a spec: a worker built around a bare engine has no trainer to compare)."""
+        spec = getattr(worker, "spec", None)
+        if spec is None:
+            return None
         engine = spec.engine
-        return cls(
-            rank=rank, train_dtype=engine.mixed_precision or engine.dtype, rollout_dtype=spec.rollout.dtype
-        )
+        train_dtype = engine.mixed_precision or engine.dtype
+        return cls(rank=worker.rank, train_dtype=train_dtype, rollout_dtype=spec.rollout.dtype)
 
     def check(self, actor, rollout, version: int) -> dict[str, float]:
         """``actor`` is the training engine (``compute_log_prob``), ``rollout`` the rollout engine."""

@@ -264,7 +264,7 @@ class PolicyWorker(Worker):
     def _sync_check(self) -> SyncCheck:
         """This rank's sync checker (made on first use: it counts the syncs, the weight version)."""
         if getattr(self, "_sync_checker", None) is None:
-            self._sync_checker = SyncCheck(rank=self.rank, canary=SyncCanary.of_policy(self.spec, self.rank))
+            self._sync_checker = SyncCheck(rank=self.rank, canary=SyncCanary.of_worker(self))
         return self._sync_checker
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
