@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -76,9 +76,12 @@ def one_thread_on_cpu(device) -> Iterator[None]:
 class SyncCanary:
     """Scores the canary on both sides after a sync; RunError naming the engine past the tolerance."""
 
-    def __init__(self, *, rank: int = 0, train_dtype: str, rollout_dtype: str) -> None:
+    def __init__(self, *, rank: int = 0, train_dtype: str, rollout_dtype: str, on_device=nullcontext) -> None:
+        """``on_device()`` is a context in which the actor's parameters are on its device (with
+        param offload they live on the host between stages)."""
         self.rank = rank
         self.dtypes = (resolve_dtype(train_dtype), resolve_dtype(rollout_dtype))
+        self.on_device = on_device
         self.warned = False
 
     @classmethod
@@ -90,7 +93,12 @@ class SyncCanary:
             return None
         engine = spec.engine
         train_dtype = engine.mixed_precision or engine.dtype
-        return cls(rank=worker.rank, train_dtype=train_dtype, rollout_dtype=spec.rollout.dtype)
+        return cls(
+            rank=worker.rank,
+            train_dtype=train_dtype,
+            rollout_dtype=spec.rollout.dtype,
+            on_device=worker._actor_on_device,
+        )
 
     def check(self, actor, rollout, version: int) -> dict[str, float]:
         """``actor`` is the training engine (``compute_log_prob``), ``rollout`` the rollout engine."""
@@ -99,7 +107,7 @@ class SyncCanary:
         tokens = canary_tokens(int(getattr(config, "get_text_config", lambda: config)().vocab_size))
         engine = type(rollout).__name__
         score = getattr(rollout, "prompt_log_probs", None)
-        with one_thread_on_cpu(actor.device):
+        with self.on_device(), one_thread_on_cpu(actor.device):
             theirs = score(tokens) if score is not None else None
             ours = actor.compute_log_prob(canary_batch(tokens))["log_probs"][0]  # collective under FSDP
         if theirs is None:

@@ -252,14 +252,13 @@ class PolicyWorker(Worker):
             for bucket in without(buckets, skip):
                 self.rollout.update_weights(bucket)
         mesh = self.actor.mesh
-        with self._actor_on_device():  # the canary runs one forward of the actor
-            return self._sync_check().after_sync(
-                self.actor.model,
-                self.rollout,
-                device=self.actor.device,
-                group=mesh.get_group() if mesh is not None else None,
-                actor=self.actor,
-            )
+        return self._sync_check().after_sync(
+            self.actor.model,
+            self.rollout,
+            device=self.actor.device,
+            group=mesh.get_group() if mesh is not None else None,
+            actor=self.actor,
+        )
 
     def _sync_check(self) -> SyncCheck:
         """This rank's sync checker (made on first use: it counts the syncs, the weight version)."""
