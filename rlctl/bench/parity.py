@@ -114,7 +114,7 @@ def measure_dtype(case: ParityCase, dtype: str, settings: ParitySettings) -> dic
     optim = OptimConfig(lr=case.lr, weight_decay=case.weight_decay, grad_clip=0.0)
     start = time.perf_counter()
     train, rollout = build_engines(case, dtype, optim, micro_batch=settings.batch)
-    sampled = _sample(rollout, settings)
+    sampled = _sample(rollout, settings, _vocab(case.model_path))
     rollout_lp = sampled.get("rollout_log_probs")
     reference = reference_pass(case.model_path, sampled, _advantages(settings), optim)
     layers, hidden = model_shape(train.model.config)
@@ -212,8 +212,7 @@ def _judged_step(stats: dict, grad_tol: Tolerance) -> dict:
     return judged(stats, "rel_l1", tol)
 
 
-def _sample(rollout, settings: ParitySettings) -> dict[str, torch.Tensor]:
-    vocab = _vocab(rollout)
+def _sample(rollout, settings: ParitySettings, vocab: int) -> dict[str, torch.Tensor]:
     ids, mask = _prompts(settings, vocab)
     return rollout.generate(
         ids,
@@ -226,11 +225,12 @@ def _sample(rollout, settings: ParitySettings) -> dict[str, torch.Tensor]:
     )
 
 
-def _vocab(rollout) -> int:
-    model = getattr(rollout, "model", None)
-    if model is not None:
-        return int(model.config.vocab_size)
-    return int(rollout.vocab_size)
+def _vocab(model_path: str) -> int:
+    """The vocabulary size in the model's config (any engine: vLLM's holds no HF module)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    return int(getattr(config, "get_text_config", lambda: config)().vocab_size)
 
 
 def run_case(case: ParityCase, settings: ParitySettings) -> dict:

@@ -117,6 +117,9 @@ def histogram(report: list[dict], path: Path) -> Path:
         for label, values in series:
             ax.hist(values, bins=bins, histtype="step", label=label, linewidth=1.4)
         ax.set_xscale("symlog", linthresh=float(edges[0]))
+        decades = range(int(np.ceil(np.log10(edges[0]))), int(np.ceil(np.log10(edges[-1]))) + 1)
+        shown = [10.0**k for k in decades][::-2][::-1]  # every other decade, the largest always
+        ax.set_xticks([-x for x in shown[::-1]] + [0.0] + shown)
         ax.set_xlabel("log-prob - float64 reference (nats)")
         ax.set_ylabel("tokens")
         ax.set_title(f"{case['case']['name']} on {case['case']['device']}")

@@ -21,7 +21,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 @click.option("--prompt-len", default=16, show_default=True, type=click.IntRange(1))
 @click.option("--response-len", default=32, show_default=True, type=click.IntRange(1))
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--out", "out_dir", default="parity-out", show_default=True, help="Where parity_hist.png goes.")
+@click.option(
+    "--out", "out_dir", default="runs/bench-parity", show_default=True, help="Where parity_hist.png goes."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object on stdout.")
 @click.option(
     "--compare",

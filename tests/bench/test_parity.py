@@ -107,9 +107,10 @@ def test_perturbed_attention_kernel_fails_naming_the_quantities(tiny_case):
     (result,) = run_case(case, SMALL)["results"]
     assert result["verdict"] == "FAIL"
     assert {"train_log_probs", "rollout_log_probs"} <= set(result["failing"])
-    assert result["quantities"]["train_log_probs"]["mean_abs"] > result["quantities"]["train_log_probs"][
-        "tolerance"
-    ]["warns"]
+    assert (
+        result["quantities"]["train_log_probs"]["mean_abs"]
+        > result["quantities"]["train_log_probs"]["tolerance"]["warns"]
+    )
 
 
 class StaleLayerRollout(HFRolloutEngine):
@@ -129,7 +130,9 @@ def test_stale_layer_in_the_rollout_engine_fails_only_the_rollout_side(tiny_case
     import rlctl.engines.registry as registry
 
     def engines(kind, model_type, backend, device="cpu", vendor=None):
-        return StaleLayerRollout if kind == "rollout" else get_engine(kind, model_type, backend, device, vendor)
+        return (
+            StaleLayerRollout if kind == "rollout" else get_engine(kind, model_type, backend, device, vendor)
+        )
 
     monkeypatch.setattr(registry, "get_engine", engines)
     (result,) = run_case(tiny_case, SMALL)["results"]
@@ -144,7 +147,9 @@ def test_bad_dtype_and_missing_model_are_one_line_errors(tmp_path):
     code, _, err = run_cli("bench", "parity", str(TINY_PROFILE), "--dtypes", "float8")
     assert code == 2 and "--dtypes" in err and "float8" in err and "Traceback" not in err
     profile = tmp_path / "p.toml"
-    profile.write_text(TINY_PROFILE.read_text().replace("assets/tiny-1m-addition-sft", str(tmp_path / "none")))
+    profile.write_text(
+        TINY_PROFILE.read_text().replace("assets/tiny-1m-addition-sft", str(tmp_path / "none"))
+    )
     code, _, err = run_cli("bench", "parity", str(profile))
     assert code == 2 and "model.path" in err and "Traceback" not in err
 

@@ -15,7 +15,6 @@ from rlctl.engines import hf_rollout
 from rlctl.engines.fsdp_train import FSDPTrainEngine
 from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.errors import RunError, UserError
-from rlctl.trainer.state.fingerprint import SyncCheck
 from rlctl.trainer.workers.roles import PolicyWorker, _pad_responses
 from tests.engines.helpers import EOS, PAD, log_prob_atol, make_batch, make_model
 
@@ -124,7 +123,6 @@ def _policy_worker(engine: HFRolloutEngine, rank: int) -> PolicyWorker:
     worker = PolicyWorker.__new__(PolicyWorker)
     worker._rlctl_ctx = SimpleNamespace(rank=rank)
     worker.rollout = engine
-    worker._sync_checker = SyncCheck(rank=rank)  # no spec here: the weight version without a canary
     return worker
 
 

@@ -77,7 +77,9 @@ def test_healthy_engine_passes_after_an_update_and_metrics_merge_over_ranks(tiny
     _moved(actor)
     rollout_bf16 = HFRolloutEngine(tiny_model, dtype="bfloat16")
     rollout_bf16.update_weights(actor.export_weights("full"))
+    threads = torch.get_num_threads()
     out = check.after_sync(actor.model, rollout_bf16, device="cpu", actor=actor)
+    assert torch.get_num_threads() == threads  # the canary's one CPU thread is given back
     assert out["sync/canary_ok"] == 1.0 and 0 < out["sync/canary_gap_mean"] <= out["sync/canary_limit"]
     assert out["sync/canary_limit"] > 1e-2  # the bf16 tolerance, not fp32's
     other = dict(out, **{"sync/canary_gap_mean": 0.0, "sync/canary_s": 99.0})

@@ -12,7 +12,7 @@ absolute per-token gap must stay within the parity tolerance of the two computat
 train-vs-rollout gap); above it the sync fails naming the engine, as a fingerprint mismatch does.
 
 Cost: one forward of ``CANARY_LENGTH`` tokens on each side (plus one decoded token on vLLM and
-SGLang), measured as ``sync/canary_s`` every step. Metrics: ``sync/canary_gap_mean`` /
+SGLang; on one CPU thread, :func:`one_thread_on_cpu`), measured as ``sync/canary_s`` every step. Metrics: ``sync/canary_gap_mean`` /
 ``sync/canary_gap_max`` (nats), ``sync/canary_limit`` (the tolerance), ``sync/canary_ok`` (1
 checked; -1 when the engine cannot score a sequence, said once in a warning).
 """
@@ -20,6 +20,8 @@ checked; -1 when the engine cannot score a sequence, said once in a warning).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -52,20 +54,50 @@ def canary_batch(tokens: list[int]) -> dict[str, torch.Tensor]:
     }
 
 
+@contextmanager
+def one_thread_on_cpu(device) -> Iterator[None]:
+    """On a CPU, torch's intra-op threads set to 1 for the block (restored after).
+
+    A 32-token forward is too small to split: with two threads every op waits for both to be
+    scheduled, which on a shared CPU costs far more than the op (measured on this 2-core host under
+    load: 21 ms per canary on one thread, 1.2 s on two).
+    """
+    if torch.device(device).type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 class SyncCanary:
     """Scores the canary on both sides after a sync; RunError naming the engine past the tolerance."""
 
-    def __init__(self, *, rank: int = 0, train_dtype: str, rollout_dtype: str) -> None:
+    def __init__(self, *, rank: int = 0, train_dtype: str, rollout_dtype: str, on_device=nullcontext) -> None:
+        """``on_device()`` is a context in which the actor's parameters are on its device (with
+        param offload they live on the host between stages)."""
         self.rank = rank
         self.dtypes = (resolve_dtype(train_dtype), resolve_dtype(rollout_dtype))
+        self.on_device = on_device
         self.warned = False
 
     @classmethod
-    def of_policy(cls, spec, rank: int) -> SyncCanary:
-        """The canary of a policy worker's spec: its actor's compute dtype, its rollout's dtype."""
+    def of_worker(cls, worker) -> SyncCanary | None:
+        """The canary of a policy worker: its actor's compute dtype, its rollout's dtype, its rank
+        (None without a spec: a worker built around a bare engine has no trainer to compare)."""
+        spec = getattr(worker, "spec", None)
+        if spec is None:
+            return None
         engine = spec.engine
+        train_dtype = engine.mixed_precision or engine.dtype
         return cls(
-            rank=rank, train_dtype=engine.mixed_precision or engine.dtype, rollout_dtype=spec.rollout.dtype
+            rank=worker.rank,
+            train_dtype=train_dtype,
+            rollout_dtype=spec.rollout.dtype,
+            on_device=worker._actor_on_device,
         )
 
     def check(self, actor, rollout, version: int) -> dict[str, float]:
@@ -75,8 +107,9 @@ class SyncCanary:
         tokens = canary_tokens(int(getattr(config, "get_text_config", lambda: config)().vocab_size))
         engine = type(rollout).__name__
         score = getattr(rollout, "prompt_log_probs", None)
-        theirs = score(tokens) if score is not None else None
-        ours = actor.compute_log_prob(canary_batch(tokens))["log_probs"][0]  # collective under FSDP
+        with self.on_device(), one_thread_on_cpu(actor.device):
+            theirs = score(tokens) if score is not None else None
+            ours = actor.compute_log_prob(canary_batch(tokens))["log_probs"][0]  # collective under FSDP
         if theirs is None:
             if not self.warned:
                 get_logger(LOGGER).warning(

@@ -240,11 +240,12 @@ class PolicyWorker(PeakMemory, Worker):
         """
         self.rollout.wake()
         sent, checked = ByteCount(), None
-        if self.spec.lora is not None and getattr(self.rollout, "adapter_sync", False):
+        lora = getattr(getattr(self, "spec", None), "lora", None)  # bench reshard's worker has no spec
+        if lora is not None and getattr(self.rollout, "adapter_sync", False):
             self.rollout.update_weights(sent(without(self.actor.export_adapter(), skip)))
-        elif self.spec.lora is not None:  # no adapter API in this engine: merged weights
+        elif lora is not None:  # no adapter API in this engine: merged weights
             checked = {}
-            self.rollout.update_weights(sent(without(merged_stream(self.actor, self.spec.lora, checked), skip)))
+            self.rollout.update_weights(sent(without(merged_stream(self.actor, lora, checked), skip)))
         elif self.world_size == 1:
             self.rollout.update_weights(sent(without(self.actor.export_weights("full"), skip)))
         else:
@@ -260,24 +261,23 @@ class PolicyWorker(PeakMemory, Worker):
             for bucket in sent(without(buckets, skip)):
                 self.rollout.update_weights(bucket)
         mesh = self.actor.mesh
-        with self._actor_on_device():  # the canary runs one forward of the actor
-            out = self._sync_check().after_sync(
-                self.actor.model,
-                self.rollout,
-                device=self.actor.device,
-                group=mesh.get_group() if mesh is not None else None,
-                actor=self.actor,
-                params=None if checked is None else list(checked.items()),
-            )
+        out = self._sync_check().after_sync(
+            self.actor.model,
+            self.rollout,
+            device=self.actor.device,
+            group=mesh.get_group() if mesh is not None else None,
+            actor=self.actor,
+            params=None if checked is None else list(checked.items()),
+        )
         out["sync/bytes"] = float(sent.bytes)
-        if self.spec.lora is not None:
+        if lora is not None:
             out["sync/model_bytes"] = float(model_bytes(self.actor.model))
         return out
 
     def _sync_check(self) -> SyncCheck:
         """This rank's sync checker (made on first use: it counts the syncs, the weight version)."""
         if getattr(self, "_sync_checker", None) is None:
-            self._sync_checker = SyncCheck(rank=self.rank, canary=SyncCanary.of_policy(self.spec, self.rank))
+            self._sync_checker = SyncCheck(rank=self.rank, canary=SyncCanary.of_worker(self))
         return self._sync_checker
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
