@@ -18,7 +18,7 @@ from tests.engines.fakes import SGLANG_VERSIONS, VLLM_VERSIONS, install
 from tests.engines.helpers import make_model
 
 torch.set_num_threads(1)
-CONTRACT = dict(device="cuda", dtype="float32", attn_implementation="sdpa", trust_remote_code=False)
+CONTRACT = dict(device="cuda", dtype="float32", trust_remote_code=False)
 VERSIONS = [("vllm", v) for v in VLLM_VERSIONS] + [("sglang", v) for v in SGLANG_VERSIONS]
 ENGINES = {"vllm": VLLMRolloutEngine, "sglang": SGLangRolloutEngine}
 

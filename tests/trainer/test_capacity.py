@@ -64,10 +64,10 @@ def test_train_refuses_in_one_line_when_ray_has_too_few_devices(write_profile, r
 
     profile = write_profile("too-big", backend="ray")
     profile.write_text(
-        profile.read_text().replace('backend = "ray"', 'backend = "ray"\ndevices_per_node = 64')
+        profile.read_text().replace('backend = "ray"', 'backend = "ray"\ndevices_per_node = 16')
     )
     with pytest.raises(SystemExit) as done:
         main(["train", str(profile)])
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rlctl: error:")]
     assert done.value.code == 1
-    assert len(err) == 1 and "Ray sees 8 CPU" in err[0] and "1 node(s) x 64 CPU" in err[0]
+    assert len(err) == 1 and "Ray sees 8 CPU" in err[0] and "1 node(s) x 16 CPU" in err[0]

@@ -103,7 +103,7 @@ def test_engine_without_scoring_reports_minus_one_once(tiny_model, caplog):
 def test_run_with_a_captured_graph_stops_at_the_first_update_naming_the_engine(
     write_profile, tmp_path, monkeypatch
 ):
-    import rlctl.trainer.workers.roles as roles
+    import rlctl.trainer.workers.rollout_engines as rollout_engines
 
     def engines(kind, model_type, backend, device="cpu", vendor=None):
         return (
@@ -112,7 +112,7 @@ def test_run_with_a_captured_graph_stops_at_the_first_update_naming_the_engine(
             else get_engine(kind, model_type, backend, device, vendor)
         )
 
-    monkeypatch.setattr(roles, "get_engine", engines)
+    monkeypatch.setattr(rollout_engines, "get_engine", engines)
     profile = write_profile("stale", steps=3)
     # an entropy bonus moves every weight even while all rewards are still 0 (zero advantages)
     profile.write_text(
