@@ -96,13 +96,6 @@ def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool
     )
 
 
-def peak_rss_metric() -> dict[str, float]:
-    """``memory/policy_peak_rss_gib``: this process's peak resident set so far (Linux: KiB)."""
-    import resource
-
-    return {"memory/policy_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
-
-
 def _train_view(batch: DataProto, *extra: str) -> dict[str, torch.Tensor]:
     """The engine's tensors; rows marked as padding get an all-zero ``response_mask``, so they
     count in no loss, token or sequence total and no metric."""
@@ -207,7 +200,6 @@ class PolicyWorker(PeakMemory, Worker):
         merged = mean_metrics(metrics) | results(parts.reduce())
         if self.spec.lora is not None:
             merged |= self.actor.lora_metrics()
-        merged |= peak_rss_metric()
         return {k if "/" in k else f"actor/{k}": v for k, v in merged.items()}
 
     @register(dispatch_mode=Dispatch.RANK_ZERO)
