@@ -1,0 +1,101 @@
+"""One plan per run on the simulated vendor hosts of the run-plan issue: ``rlctl plan P --json``,
+``rlctl doctor --profile P --json`` and the engine construction ``rlctl train P`` performs
+(``specs_from_plan`` -> the worker's ``rollout_engine`` -> the fake engine of the installed release,
+whose config class rejects any keyword that release lacks) agree on engine, kernel, keywords,
+environment and pin verdicts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import rlctl.platforms.resolve as resolve
+from rlctl.cli.main import main
+from rlctl.platforms.resolve import resolve_platform
+from rlctl.profile import load_profile
+from rlctl.trainer.plan.run_plan import resolve_plan
+from rlctl.trainer.plan.specs import specs_from_plan
+from rlctl.trainer.workers.rollout_engines import rollout_engine
+from tests.engines.fakes import install
+from tests.engines.helpers import make_model
+from tests.engines.test_vendor_construction import _hardware
+from tests.platforms.vendor_hosts import ascend_910b, ascend_sglang_only, b200_sglang, h100, mi300x
+
+# host -> (the engine auto picks, its release on that host, pins that must FAIL the plan)
+HOSTS = {
+    "h100-570": (lambda t: h100(t, "570.133.20"), "vllm", "0.33.0", {"torch-cuda-driver"}),
+    "h100-580": (lambda t: h100(t, "580.82.07"), "vllm", "0.33.0", set()),
+    "b200-sglang": (b200_sglang, "sglang", "0.5.23", set()),
+    "mi300x": (mi300x, "vllm", "0.33.0", {"rocm-cuda-visible-devices", "ray-noset-hip-visible-devices"}),
+    "910b": (ascend_910b, "vllm", "0.23.0", set()),
+}
+
+
+def _run(args: list[str], capsys) -> dict:
+    with pytest.raises(SystemExit):
+        main(args)
+    return json.loads(capsys.readouterr().out)
+
+
+def _profile(tmp_path, vendor: str):
+    model = make_model(tmp_path / "model", seed=1)
+    path = tmp_path / "p.toml"
+    path.write_text(
+        f'[model]\npath = "{model}"\n[platform]\nvendor = "{vendor}"\n'
+        '[cluster]\ndevices_per_node = 8\n[rollout]\nengine = "auto"\n'
+    )
+    return path
+
+
+@pytest.mark.parametrize("name", list(HOSTS))
+def test_plan_doctor_and_construction_agree(name, tmp_path, monkeypatch, capsys):
+    make_host, engine, version, failing = HOSTS[name]
+    host = make_host(tmp_path)
+    monkeypatch.delenv("RLCTL_PLATFORM", raising=False)
+    monkeypatch.setattr(resolve, "Host", lambda env=None: host)
+    vendor = resolve_platform("auto").name
+    profile_path = _profile(tmp_path, vendor)
+
+    plan = _run(["plan", str(profile_path), "--json"], capsys)
+    doctor = _run(["doctor", "--profile", str(profile_path), "--json"], capsys)
+    assert plan["roles"] == doctor["plan"]["roles"] and plan["env"] == doctor["plan"]["env"]
+    assert plan["checks"] == doctor["plan"]["checks"]
+    rollout = plan["roles"]["rollout"]
+    assert rollout["engine"] == engine and rollout["versions"][engine].startswith(version)
+
+    # the pins the plan FAILs are the ones doctor FAILs, and only those
+    plan_fails = {c["name"].removeprefix("pin ") for c in plan["checks"] if c["verdict"] == "FAIL"}
+    doctor_fails = {
+        c["name"].removeprefix("pin:") for c in doctor["checks"] if c["name"].startswith("pin:")
+        if c["verdict"] == "FAIL"
+    }
+    assert failing <= plan_fails and {f for f in plan_fails if "fits" not in f} <= doctor_fails
+
+    # the construction train performs: exactly the plan's keywords reach the engine
+    profile = load_profile(profile_path)
+    run_plan = resolve_plan(profile)
+    specs = specs_from_plan(profile, run_plan)
+    assert specs.policy.rollout.engine_kwargs == rollout["engine_kwargs"]
+    calls: list = []
+    install(monkeypatch, tmp_path, engine, version, calls, **_hardware(run_plan.platform_object))
+    rollout_engine(specs.policy)
+    got = calls[0][1]
+    for key, value in rollout["engine_kwargs"].items():
+        assert got[key] == value
+    assert "attn_implementation" not in got  # never a transformers kernel name forced on vLLM/SGLang
+
+
+def test_ascend_with_only_sglang_is_refused_by_plan_and_doctor_alike(tmp_path, monkeypatch, capsys):
+    host = ascend_sglang_only(tmp_path)
+    monkeypatch.delenv("RLCTL_PLATFORM", raising=False)
+    monkeypatch.setattr(resolve, "Host", lambda env=None: host)
+    profile_path = _profile(tmp_path, "ascend")
+    with pytest.raises(SystemExit) as done:
+        main(["plan", str(profile_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and len(err) == 1 and "rollout.engine" in err[0]
+    with pytest.raises(SystemExit) as done:
+        main(["train", str(profile_path)])
+    train_err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and train_err[-1] == err[0]
