@@ -35,6 +35,8 @@ SGLANG_ENGINE_METHODS = (
     "end_weight_update",
     "flush_cache",
     "shutdown",
+    "load_lora_adapter",
+    "unload_lora_adapter",
 )
 
 

@@ -28,23 +28,18 @@ Read from the released wheels (0.10.2, 0.13.0, 0.23.0, 0.33.0; surfaces in
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
-import shutil
-import tempfile
-import weakref
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from rlctl.engines.adapter_dir import AdapterDirs
 from rlctl.engines.external_version import init_fields, installed_version
-from rlctl.engines.lora import ADAPTER, ADAPTER_FILE, LoraSpec, adapter_state, base_name, is_adapter
+from rlctl.engines.lora import LoraSpec
 from rlctl.errors import RunError
 
 RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm/config/lora.py MaxLoRARanks (0.13+); 1 not in 0.10.2
 ENGINE_METHODS = ("add_lora", "remove_lora", "list_loras")
-SHM = Path("/dev/shm")
 
 
 def max_lora_rank(rank: int, version: tuple[int, ...]) -> int:
@@ -89,59 +84,30 @@ class AdapterSyncFlag:
         return installed_adapter_gap() is None
 
 
-def split_adapter_stream(stream) -> tuple[dict[str, torch.Tensor], list[tuple[str, torch.Tensor]]]:
-    """An ``export_adapter`` stream -> (LoRA tensors by trainer name, ``modules_to_save`` copies
-    under the base model's names, loaded in place)."""
-    lora: dict[str, torch.Tensor] = {}
-    saved = []
-    for name, tensor in stream:
-        if is_adapter(name):
-            lora[name] = tensor
-        elif f".modules_to_save.{ADAPTER}." in name:
-            saved.append((base_name(name), tensor))
-        else:
-            raise RunError(f"vLLM LoRA sync got {name!r}, neither an adapter nor a modules_to_save tensor")
-    return lora, saved
-
-
 class AdapterPublisher:
-    """Writes each synced adapter as a peft directory and swaps it into the engine (one held)."""
+    """Writes each synced adapter as a peft directory and swaps it into vLLM (one held)."""
 
     def __init__(self, llm: Any, spec: LoraSpec, model_path: str):
         from vllm.lora.request import LoRARequest
 
         self._request_type = LoRARequest
         self.llm = llm
-        self.spec = dataclasses.replace(spec, modules_to_save=())  # vLLM refuses modules_to_save
-        self.model_path = model_path
-        base = SHM if SHM.is_dir() else None
-        self.root = Path(tempfile.mkdtemp(prefix="rlctl-vllm-lora-", dir=base))
-        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.root), True)
-        self.version = 0
+        self.dirs = AdapterDirs(spec, model_path, "rlctl-vllm-lora-")
         self.request: Any = None
 
     def publish(self, tensors: dict[str, torch.Tensor]) -> Any:
         """``tensors``: trainer-named LoRA tensors. Returns the new ``LoRARequest``."""
-        from safetensors.torch import save_file
-
-        self.version += 1
-        where = self.root / f"v{self.version}"
-        where.mkdir()
-        state = {n: t.detach().to("cpu").contiguous() for n, t in tensors.items() if is_adapter(n)}
-        save_file(adapter_state(state), str(where / ADAPTER_FILE), metadata={"format": "pt"})
-        self.spec.peft_config(base_model_path=self.model_path).save_pretrained(str(where))
+        version, where = self.dirs.write(tensors)
         engine = self.llm.llm_engine
         previous = self.request
         if previous is not None:  # drop the old one first: one adapter held at a time
             engine.remove_lora(previous.lora_int_id)
-            shutil.rmtree(previous.lora_path, ignore_errors=True)
-        request = self._request_type(
-            lora_name=f"rlctl-v{self.version}", lora_int_id=self.version, lora_path=str(where)
-        )
+            self.dirs.drop(previous.lora_path)
+        request = self._request_type(lora_name=f"rlctl-v{version}", lora_int_id=version, lora_path=str(where))
         if not engine.add_lora(request):
-            raise RunError(f"vLLM add_lora refused the adapter of weight version {self.version} ({where})")
+            raise RunError(f"vLLM add_lora refused the adapter of weight version {version} ({where})")
         held = set(engine.list_loras())
-        if held != {self.version}:
-            raise RunError(f"vLLM holds LoRA ids {sorted(held)} after sync {self.version}, expected only it")
+        if held != {version}:
+            raise RunError(f"vLLM holds LoRA ids {sorted(held)} after sync {version}, expected only it")
         self.request = request
         return request

@@ -44,6 +44,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from rlctl.engines.adapter_dir import split_adapter_stream
 from rlctl.engines.engine_fields import check_engine_kwargs
 from rlctl.engines.external_version import accepts, init_fields, installed_version, only_known, release
 from rlctl.engines.fingerprint import fingerprint_views
@@ -63,7 +64,6 @@ from rlctl.engines.vllm_lora import (
     adapter_api_gap,
     installed_adapter_gap,
     max_lora_rank,
-    split_adapter_stream,
 )
 from rlctl.engines.weight_layouts import fingerprint_unavailable
 from rlctl.errors import RunError, UserError

@@ -62,6 +62,7 @@ class LoraHolder:
         self.args, self.hf, self.calls = args, hf, calls
         self.held: dict[int, dict[str, torch.Tensor]] = {}  # id -> HF weight name -> delta
         self.applied: tuple[int | None, dict[str, torch.Tensor]] = (None, {})
+        self.names: dict[str, int] = {}  # SGLang: adapter name -> key in held
 
     def add(self, lora_request) -> bool:
         self.calls.append(("add_lora", lora_request.lora_int_id, lora_request.lora_path))
@@ -125,3 +126,48 @@ class LoraHolder:
             for name, delta in new.items():
                 params[name].copy_((params[name].double() + delta).to(params[name].dtype))
         self.applied = (wanted, new)
+
+
+class SGLangLoras(LoraHolder):
+    """The fake SGLang engine's adapters by name (``Engine.load_lora_adapter`` / ``unload_lora_adapter``,
+    ``sglang/srt/entrypoints/engine.py`` 0.5.3 and 0.5.23): each returns a ``LoRAUpdateOutput``
+    (``success``, ``error_message``, ``loaded_adapters``; ``managers/io_struct.py``); a name loaded
+    twice or unloaded when absent is ``success=False``; ``generate(lora_path=[name, ...])`` needs
+    the names loaded and ``enable_lora``."""
+
+    def _out(self, success: bool, error: str | None = None):
+        return types.SimpleNamespace(success=success, error_message=error, loaded_adapters=dict(self.names))
+
+    def load(self, lora_name, lora_path, pinned=False):
+        self.calls.append(("load_lora_adapter", lora_name, lora_path))
+        if not getattr(self.args, "enable_lora", False):
+            return self._out(False, "LoRA is not enabled")
+        if lora_name in self.names:
+            return self._out(False, f"The LoRA adapter {lora_name} is already loaded")
+        try:
+            deltas = self._load(Path(lora_path))
+        except (ValueError, OSError) as exc:
+            return self._out(False, str(exc))
+        key = len(self.names) + 1 + max(self.held, default=0)
+        self.held[key], self.names[lora_name] = deltas, key
+        return self._out(True)
+
+    def unload(self, lora_name):
+        self.calls.append(("unload_lora_adapter", lora_name))
+        if lora_name not in self.names:
+            return self._out(False, f"LoRA adapter {lora_name} is not loaded")
+        self.held.pop(self.names.pop(lora_name))
+        return self._out(True)
+
+    def use_names(self, lora_path) -> None:
+        names = set(lora_path or []) - {None}
+        if names and not getattr(self.args, "enable_lora", False):
+            raise ValueError("The server is not configured to enable LoRA.")
+        if len(names) > 1:
+            raise AssertionError("the fake computes one adapter per generate() call")
+        name = next(iter(names), None)
+        if name is not None and name not in self.names:
+            raise ValueError(f"The following requested LoRA adapters are not loaded: {name}")
+        key = None if name is None else self.names[name]
+        request = None if key is None else types.SimpleNamespace(lora_int_id=key)
+        self.use(request)

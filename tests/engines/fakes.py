@@ -67,7 +67,7 @@ import torch
 
 from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.engines.sampling import filter_top_k_top_p
-from tests.engines.fake_vllm_lora import LoraHolder, lora_modules
+from tests.engines.fake_vllm_lora import LoraHolder, SGLangLoras, lora_modules
 
 SURFACES = Path(__file__).parent / "surfaces"
 VLLM_VERSIONS = (
@@ -522,6 +522,7 @@ def make_fake_sglang(
             )
         calls.append(("Engine", kwargs))
         self.hf = HFRolloutEngine(kwargs["model_path"])
+        self.loras = SGLangLoras(self.server_args, self.hf, calls)
         self.released: set[str] = set()
         self.host_copy = None
         self.session_open = False
@@ -533,10 +534,14 @@ def make_fake_sglang(
         input_ids=None,
         return_logprob=False,
         logprob_start_len=None,
+        lora_path=None,
         **_,
     ):
         if self.released:
             raise RuntimeError("CUDA error: an illegal memory access was encountered (memory released)")
+        self.loras.use_names(lora_path)
+        if lora_path is not None:
+            calls.append(("lora_path", list(lora_path)))
         dicts = (
             sampling_params if isinstance(sampling_params, list) else [sampling_params or {}] * len(input_ids)
         )
@@ -641,6 +646,8 @@ def make_fake_sglang(
         "resume_memory_occupation": resume_memory_occupation,
         "flush_cache": flush_cache,
         "shutdown": shutdown,
+        "load_lora_adapter": lambda self, **kw: self.loras.load(**kw),
+        "unload_lora_adapter": lambda self, **kw: self.loras.unload(**kw),
     }
     extra = {"resident": resident}
     methods = {
