@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "engines" / "surfaces"
 
 VLLM_LLM_METHODS = ("__init__", "generate", "sleep", "wake_up", "collective_rpc", "reset_prefix_cache")
+VLLM_ENGINE_LORA_METHODS = ("add_lora", "remove_lora", "list_loras")  # LLM.llm_engine (V1 LLMEngine)
 SGLANG_ENGINE_METHODS = (
     "__init__",
     "generate",
@@ -34,6 +35,8 @@ SGLANG_ENGINE_METHODS = (
     "end_weight_update",
     "flush_cache",
     "shutdown",
+    "load_lora_adapter",
+    "unload_lora_adapter",
 )
 
 
@@ -187,6 +190,8 @@ def vllm_surface(wheel: Wheel, version: str) -> dict:
         if modes:
             break
     attention = _class(wheel.tree("vllm/config/attention.py"), "AttentionConfig")
+    engine = _class(wheel.tree("vllm/v1/engine/llm_engine.py"), "LLMEngine")
+    lora_request = _class(wheel.tree("vllm/lora/request.py"), "LoRARequest")
     backends = wheel.find_class("AttentionBackendEnum", "vllm/") or wheel.find_class("_Backend", "vllm/")
     return {
         "package": "vllm",
@@ -204,6 +209,16 @@ def vllm_surface(wheel: Wheel, version: str) -> dict:
             "fields": _annotated_fields(sampling),
         },
         "logprobs_modes": modes,
+        "LLMEngine": None
+        if engine is None
+        else {"file": "vllm/v1/engine/llm_engine.py", "methods": _methods(engine, VLLM_ENGINE_LORA_METHODS)},
+        "LoRARequest": None
+        if lora_request is None
+        else {
+            "file": "vllm/lora/request.py",
+            "kind": _struct_kind(lora_request),
+            "fields": _annotated_fields(lora_request),
+        },
         "AttentionConfig": None
         if attention is None
         else {"file": "vllm/config/attention.py", "fields": _annotated_fields(attention)},

@@ -21,11 +21,18 @@ def check_lora_sync(p: Platform) -> CheckResult:
         return skipped(name, "no rollout engine installed", "lora")
     cls = get_engine("rollout", "*", engine, p.device_type, p.name)
     if getattr(cls, "adapter_sync", False):
-        return passed(name, f"{engine}: adapter-only sync (base held once, adapter tensors copied in place)", "lora")
+        how = (
+            "base held once, adapter tensors copied in place"
+            if getattr(cls, "shares_trainer_base", False)
+            else "base loaded by the engine once, each sync a new adapter through its LoRA API"
+        )
+        return passed(name, f"{engine}: adapter-only sync ({how})", "lora")
+    gap_of = getattr(cls, "adapter_sync_gap", None)
+    gap = gap_of() if gap_of is not None else None
+    why = f"adapter-only sync unavailable: {gap}" if gap else "its own LoRA API is not used by rlctl yet"
     return warned(
         name,
-        f"{engine}: merged-weight sync (base + adapter merged on the trainer, the full model's bytes per "
-        "step); its own LoRA API is not used by rlctl yet",
+        f"{engine}: merged-weight sync (base + adapter merged on the trainer, the full model's bytes per step); {why}",
         "rollout.engine = 'hf' syncs the adapter alone",
         "lora",
     )

@@ -39,6 +39,7 @@ class HFRolloutEngine:
     """Rollout with an HF causal LM: ``generate``, ``update_weights``, ``sleep``/``wake``."""
 
     adapter_sync = True  # built with ``lora``, it takes a LoRA actor's adapter tensors alone
+    shares_trainer_base = True  # may be built from the trainer's model (frozen base tensors shared)
 
     def __init__(
         self,

@@ -29,6 +29,9 @@ unit-tested against fakes built from those surfaces.
   The regions are ``sglang.srt.constants.GPU_MEMORY_ALL_TYPES``: ``kv_cache`` and ``weights`` in
   0.5.3, plus ``cuda_graph`` in 0.5.23 (``scheduler_components/weight_updater.py`` pauses it only
   when asked), so the adapter releases every region the installed version has.
+- A LoRA actor: built with ``lora``, the engine enables SGLang's LoRA and each sync loads the
+  adapter alone under a new name that generate() then passes (:mod:`.sglang_lora`); the base is
+  the checkpoint SGLang loaded at start. An SGLang without that API gets merged weights.
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from rlctl.engines.adapter_dir import split_adapter_stream
 from rlctl.engines.engine_fields import check_engine_kwargs
 from rlctl.engines.external_version import accepts, init_fields, installed_version, only_known
+from rlctl.engines.lora import LoraSpec
 from rlctl.engines.registry import register_engine
 from rlctl.engines.rollout_batch import (
     assemble_rollout,
@@ -49,6 +54,12 @@ from rlctl.engines.rollout_batch import (
     row_seeds,
     stop_token_ids,
     unpadded_prompts,
+)
+from rlctl.engines.sglang_lora import (
+    AdapterPublisher,
+    AdapterSyncFlag,
+    installed_adapter_gap,
+    server_lora_args,
 )
 from rlctl.errors import RunError, UserError
 
@@ -96,6 +107,9 @@ def _checked(result, what: str) -> None:
 class SGLangRolloutEngine:
     """Same surface as :class:`~rlctl.engines.hf_rollout.HFRolloutEngine`, backed by ``sglang.Engine``."""
 
+    adapter_sync = AdapterSyncFlag()
+    adapter_sync_gap = staticmethod(installed_adapter_gap)
+
     def __init__(
         self,
         model_path: str,
@@ -107,6 +121,7 @@ class SGLangRolloutEngine:
         gpu_memory_utilization: float = 0.5,
         seed: int = 0,
         bucket_bytes: int = 256 << 20,
+        lora: LoraSpec | None = None,
         **engine_kwargs,
     ):
         """``engine_kwargs``: the run's engine keywords (platform settings + ``rollout.engine_kwargs``),
@@ -131,9 +146,16 @@ class SGLangRolloutEngine:
             trust_remote_code=trust_remote_code,
             skip_tokenizer_init=True,
         )
+        if lora is not None:
+            gap = installed_adapter_gap()
+            if gap is not None:
+                raise UserError(f"{gap}: cannot hold a LoRA adapter; use merged sync")
+            wanted.update(server_lora_args(lora))
         kwargs = only_known(wanted, fields)
         kwargs.update(engine_kwargs)
         self.engine = sglang.Engine(**kwargs)
+        self.lora = lora
+        self.adapter = None if lora is None else AdapterPublisher(self.engine, lora, str(model_path))
         self._release_weights = bool(kwargs.get("enable_weights_cpu_backup"))
         sampling = importlib.import_module("sglang.srt.sampling.sampling_params").SamplingParams
         self._sampling_fields = init_fields(sampling)
@@ -189,7 +211,9 @@ class SGLangRolloutEngine:
             if row_seed is not None:
                 wanted["sampling_seed"] = row_seed
             params.append(only_known(wanted, self._sampling_fields))
-        outputs = self.engine.generate(input_ids=prompts, sampling_params=params, return_logprob=exact)
+        outputs = self.engine.generate(
+            input_ids=prompts, sampling_params=params, return_logprob=exact, **self._lora_kwargs(len(prompts))
+        )
         responses = [list(o["output_ids"]) for o in outputs]
         log_probs = None
         if exact:
@@ -226,12 +250,21 @@ class SGLangRolloutEngine:
         tokens = [int(t) for t in token_ids]
         params = only_known({"temperature": 1.0, "max_new_tokens": 1}, self._sampling_fields)
         (out,) = self.engine.generate(
-            input_ids=[tokens], sampling_params=[params], return_logprob=True, logprob_start_len=0
+            input_ids=[tokens],
+            sampling_params=[params],
+            return_logprob=True,
+            logprob_start_len=0,
+            **self._lora_kwargs(1),
         )
         entries = out["meta_info"]["input_token_logprobs"]
         if len(entries) != len(tokens):
             raise RunError(f"SGLang returned {len(entries)} prompt log-probs for {len(tokens)} tokens")
         return torch.tensor([float(lp) for lp, *_ in entries[1:]])
+
+    def _lora_kwargs(self, n: int) -> dict:
+        """``lora_path=`` the newest synced adapter's name per request (none before the first sync)."""
+        name = None if self.adapter is None else self.adapter.name
+        return {} if name is None else {"lora_path": [name] * n}
 
     def update_weights(self, stream: Iterable[tuple[str, torch.Tensor]]) -> int:
         """``update_weights_from_tensor`` per bucket inside a weight-update session where SGLang has one.
@@ -240,9 +273,16 @@ class SGLangRolloutEngine:
         """
         if "weights" in self.asleep_tags:
             self._resume(["weights"])
+        count, pending = 0, None
+        if self.adapter is not None:  # the adapter alone; modules_to_save copies into the base below
+            lora_tensors, stream = split_adapter_stream(stream)
+            if lora_tensors:
+                self.adapter.publish(lora_tensors)
+                count += len(lora_tensors)
+            if not stream:
+                return count
         if self._session:
             _checked(self.engine.begin_weight_update(), "begin_weight_update")
-        count, pending = 0, None
         try:
             for bucket in bucketed(stream, self.bucket_bytes):  # one bucket of lookahead: flush on the last
                 if pending is not None:

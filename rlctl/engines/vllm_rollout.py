@@ -30,6 +30,10 @@ the same ``LLM`` API, so the same adapter serves ``device="npu"``.
   :class:`RlctlWorkerExtension` (``worker_extension_cls``), which calls the model's
   ``load_weights`` with HF names; tensors pass by reference with the in-process executor
   (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+- A LoRA actor: built with ``lora``, the engine enables vLLM's LoRA and each sync registers the
+  adapter alone as a new ``LoRARequest`` that generate() then uses (:mod:`.vllm_lora`); the base
+  is the checkpoint vLLM loaded at start (frozen, never resent). A vLLM without that API gets
+  merged weights (``adapter_sync`` false, said by ``rlctl doctor``).
 """
 
 from __future__ import annotations
@@ -40,9 +44,11 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from rlctl.engines.adapter_dir import split_adapter_stream
 from rlctl.engines.engine_fields import check_engine_kwargs
 from rlctl.engines.external_version import accepts, init_fields, installed_version, only_known, release
 from rlctl.engines.fingerprint import fingerprint_views
+from rlctl.engines.lora import LoraSpec, base_name, is_adapter
 from rlctl.engines.registry import register_engine
 from rlctl.engines.rollout_batch import (
     assemble_rollout,
@@ -51,6 +57,13 @@ from rlctl.engines.rollout_batch import (
     row_seeds,
     stop_token_ids,
     unpadded_prompts,
+)
+from rlctl.engines.vllm_lora import (
+    AdapterPublisher,
+    AdapterSyncFlag,
+    adapter_api_gap,
+    installed_adapter_gap,
+    max_lora_rank,
 )
 from rlctl.engines.weight_layouts import fingerprint_unavailable
 from rlctl.errors import RunError, UserError
@@ -78,7 +91,9 @@ class RlctlWorkerExtension:
         if fingerprint_unavailable(type(model).__name__) is not None:
             return {name: None for name, _ in spec}
         params = dict(model.named_parameters(remove_duplicate=False))
-        return fingerprint_views(spec, lambda name, shape: vllm_view(model, params, name, shape))
+        # a LoRA actor's names (``base_layer``, ``modules_to_save``) read the base's tensor; the
+        # fingerprint itself is keyed by the name given, as the trainer's side is
+        return fingerprint_views(spec, lambda name, shape: vllm_view(model, params, base_name(name), shape))
 
 
 def vllm_view(model, params: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]):
@@ -148,6 +163,9 @@ def _import_vllm(device: str = "cuda"):
 class VLLMRolloutEngine:
     """Same surface as :class:`~rlctl.engines.hf_rollout.HFRolloutEngine`, backed by ``vllm.LLM``."""
 
+    adapter_sync = AdapterSyncFlag()
+    adapter_sync_gap = staticmethod(installed_adapter_gap)
+
     def __init__(
         self,
         model_path: str,
@@ -159,10 +177,11 @@ class VLLMRolloutEngine:
         gpu_memory_utilization: float = 0.5,
         seed: int = 0,
         bucket_bytes: int = 256 << 20,
+        lora: LoraSpec | None = None,
         **llm_kwargs,
     ):
         """``llm_kwargs``: the run's engine keywords (platform settings + ``rollout.engine_kwargs``),
-        each a field of the installed ``EngineArgs``."""
+        each a field of the installed ``EngineArgs``. ``lora``: vLLM's LoRA on, adapter-only syncs."""
         refuse_tensor_parallel(tensor_parallel_size, "vLLM")
         vllm = _import_vllm(device)
         self._vllm = vllm
@@ -184,6 +203,13 @@ class VLLMRolloutEngine:
             skip_tokenizer_init=True,
             logprobs_mode="processed_logprobs",
         )
+        if lora is not None:
+            gap = adapter_api_gap(vllm, fields)
+            if gap is not None:
+                raise UserError(f"vllm {self.version} cannot hold a LoRA adapter ({gap}); use merged sync")
+            wanted.update(
+                enable_lora=True, max_lora_rank=max_lora_rank(lora.rank, release(self.version)), max_loras=1
+            )
         kwargs = only_known(wanted, fields)
         for required in ("enable_sleep_mode", "worker_extension_cls"):
             if required not in kwargs:
@@ -191,6 +217,8 @@ class VLLMRolloutEngine:
         kwargs.update(llm_kwargs)
         self.logprobs_mode = str(kwargs.get("logprobs_mode", "raw_logprobs"))
         self.llm = vllm.LLM(model=str(model_path), **kwargs)
+        self.lora = lora
+        self.adapter = None if lora is None else AdapterPublisher(self.llm, lora, str(model_path))
         self._sampling_fields = init_fields(vllm.SamplingParams)
         self._wake_tags = accepts(self.llm.wake_up, "tags")
         self.asleep_tags: set[str] = set()
@@ -253,7 +281,9 @@ class VLLMRolloutEngine:
                 detokenize=False,
             )
             params.append(self._vllm.SamplingParams(**only_known(wanted, self._sampling_fields)))
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, **self._lora_kwargs()
+        )
         responses, log_probs = [], []
         for request in outputs:
             completion = request.outputs[0]
@@ -294,11 +324,18 @@ class VLLMRolloutEngine:
         tokens = [int(t) for t in token_ids]
         wanted = dict(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
         params = self._vllm.SamplingParams(**only_known(wanted, self._sampling_fields))
-        (request,) = self.llm.generate([{"prompt_token_ids": tokens}], [params], use_tqdm=False)
+        (request,) = self.llm.generate(
+            [{"prompt_token_ids": tokens}], [params], use_tqdm=False, **self._lora_kwargs()
+        )
         positions = list(request.prompt_logprobs or [])
         if len(positions) != len(tokens):
             raise RunError(f"vLLM returned {len(positions)} prompt log-probs for {len(tokens)} tokens")
         return torch.tensor([positions[i][tok].logprob for i, tok in enumerate(tokens) if i > 0])
+
+    def _lora_kwargs(self) -> dict:
+        """``lora_request=`` the newest synced adapter (none before the first sync: B is zero)."""
+        request = None if self.adapter is None else self.adapter.request
+        return {} if request is None else {"lora_request": request}
 
     # -- weights and memory ----------------------------------------------------------------------
     def _wake(self, tags: list[str]) -> None:
@@ -310,10 +347,17 @@ class VLLMRolloutEngine:
             self.asleep_tags = set()
 
     def update_weights(self, stream: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Load HF-named tensors in buckets through ``collective_rpc``; drops the prefix cache."""
+        """Load HF-named tensors in buckets through ``collective_rpc``; drops the prefix cache.
+        Built with ``lora``: the stream is the actor's adapter (``export_adapter``); its LoRA tensors
+        become a new ``LoRARequest``, its ``modules_to_save`` copies load into the base in place."""
         if "weights" in self.asleep_tags:
             self._wake(["weights"])
         count = 0
+        if self.adapter is not None:
+            lora_tensors, stream = split_adapter_stream(stream)
+            if lora_tensors:
+                self.adapter.publish(lora_tensors)
+                count += len(lora_tensors)
         for bucket in bucketed(stream, self.bucket_bytes):
             results = self.llm.collective_rpc("rlctl_load_weights", args=(bucket,))
             if not results or any(int(r) != len(bucket) for r in results):
@@ -326,11 +370,18 @@ class VLLMRolloutEngine:
         self, spec: Sequence[tuple[str, tuple[int, ...]]]
     ) -> dict[str, tuple[float, float, str] | None]:
         """Fingerprints of the HF-named tensors in ``spec``, computed inside the vLLM worker over
-        ``model_runner.model.named_parameters()`` (:meth:`RlctlWorkerExtension.rlctl_weight_fingerprint`)."""
-        results = self.llm.collective_rpc("rlctl_weight_fingerprint", args=([tuple(s) for s in spec],))
+        ``model_runner.model.named_parameters()`` (:meth:`RlctlWorkerExtension.rlctl_weight_fingerprint`).
+        Built with ``lora``: trainer names map to the base's, the adapter tensors (held in vLLM's
+        private LoRA manager) and the replaced originals of ``modules_to_save`` are None."""
+        asked = [
+            (name, tuple(shape))
+            for name, shape in spec
+            if self.lora is None or (not is_adapter(name) and ".original_module." not in name)
+        ]
+        results = self.llm.collective_rpc("rlctl_weight_fingerprint", args=(asked,))
         if not results:
             raise RunError("vLLM collective_rpc('rlctl_weight_fingerprint') returned no result")
-        return results[0]
+        return {name: results[0].get(name) for name, _ in spec}
 
     def sleep(self) -> None:
         """Level 1: the weights go to CPU (restored by wake), the KV cache is dropped."""

@@ -67,6 +67,7 @@ import torch
 
 from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.engines.sampling import filter_top_k_top_p
+from tests.engines.fake_vllm_lora import LoraHolder, SGLangLoras, lora_modules
 
 SURFACES = Path(__file__).parent / "surfaces"
 VLLM_VERSIONS = (
@@ -251,6 +252,8 @@ def make_fake_vllm(
     rel = release(version)
     vllm = types.ModuleType("vllm")
     vllm.__version__ = version
+    vllm.submodules = lora_modules(s, rel, msgspec_type, recorded_method)  # vllm.lora.request, ...
+    engine_mod = vllm.submodules.get("vllm.v1.engine.llm_engine")
 
     EngineArgs = struct_type("EngineArgs", s["EngineArgs"], {"logprobs_mode": "raw_logprobs", "seed": 0})
 
@@ -305,6 +308,9 @@ def make_fake_vllm(
         module, cls = args.worker_extension_cls.rsplit(".", 1)
         ext = getattr(__import__(module, fromlist=[cls]), cls)
         self.worker = type("WorkerWithExtension", (Worker, ext), {})(self.hf)
+        self.lora = (engine_mod.LLMEngine if engine_mod else LoraHolder)(args, self.hf, calls)
+        if engine_mod is not None:
+            self.llm_engine = self.lora
         self.sleeping: set[str] = set()
         self.host_copy = None
 
@@ -316,9 +322,12 @@ def make_fake_vllm(
         scaled = filter_top_k_top_p(logits / sp.temperature, max(sp.top_k, 0), sp.top_p)
         return _token_log_probs(scaled, tokens)  # processed: after temperature and truncation
 
-    def generate(self, prompts, sampling_params=None, **_):
+    def generate(self, prompts, sampling_params=None, lora_request=None, **_):
         if self.sleeping:
             raise RuntimeError("CUDA error: an illegal memory access was encountered (engine asleep)")
+        self.lora.use(lora_request)
+        if lora_request is not None:
+            calls.append(("lora_request", lora_request.lora_int_id, lora_request.lora_name))
         params = (
             sampling_params if isinstance(sampling_params, list | tuple) else [sampling_params] * len(prompts)
         )
@@ -513,6 +522,7 @@ def make_fake_sglang(
             )
         calls.append(("Engine", kwargs))
         self.hf = HFRolloutEngine(kwargs["model_path"])
+        self.loras = SGLangLoras(self.server_args, self.hf, calls)
         self.released: set[str] = set()
         self.host_copy = None
         self.session_open = False
@@ -524,10 +534,14 @@ def make_fake_sglang(
         input_ids=None,
         return_logprob=False,
         logprob_start_len=None,
+        lora_path=None,
         **_,
     ):
         if self.released:
             raise RuntimeError("CUDA error: an illegal memory access was encountered (memory released)")
+        self.loras.use_names(lora_path)
+        if lora_path is not None:
+            calls.append(("lora_path", list(lora_path)))
         dicts = (
             sampling_params if isinstance(sampling_params, list) else [sampling_params or {}] * len(input_ids)
         )
@@ -632,6 +646,8 @@ def make_fake_sglang(
         "resume_memory_occupation": resume_memory_occupation,
         "flush_cache": flush_cache,
         "shutdown": shutdown,
+        "load_lora_adapter": lambda self, **kw: self.loras.load(**kw),
+        "unload_lora_adapter": lambda self, **kw: self.loras.unload(**kw),
     }
     extra = {"resident": resident}
     methods = {
@@ -674,7 +690,13 @@ def install(
     install_dist(root, package, version)
     monkeypatch.syspath_prepend(str(root))
     if package == "vllm":
-        monkeypatch.setitem(sys.modules, "vllm", make_fake_vllm(calls, version, surface, **hardware))
+        vllm = make_fake_vllm(calls, version, surface, **hardware)
+        monkeypatch.setitem(sys.modules, "vllm", vllm)
+        for name in ("vllm.lora", "vllm.lora.request", "vllm.v1", "vllm.v1.engine", "vllm.v1.engine.llm_engine"):
+            if name in vllm.submodules:
+                monkeypatch.setitem(sys.modules, name, vllm.submodules[name])
+            else:  # a version without it: the import fails as it would
+                monkeypatch.setitem(sys.modules, name, None)
     else:
         for name, module in make_fake_sglang(calls, version, surface, **hardware).items():
             monkeypatch.setitem(sys.modules, name, module)

@@ -99,3 +99,38 @@ def test_the_old_mapping_dies_in_the_fakes_kernel_asserts(tmp_path, monkeypatch)
     install(monkeypatch, tmp_path, "sglang", "0.5.23", [], device_capability=(10, 0))
     with pytest.raises(AssertionError, match="requires SM>=80 and SM<=90"):
         sys.modules["sglang"].Engine(model_path=model, attention_backend="fa3")
+
+
+@pytest.mark.parametrize("engine, version", [("vllm", "0.33.0"), ("sglang", "0.5.23")])
+def test_a_lora_actor_builds_the_engine_with_its_lora_api(tmp_path, monkeypatch, engine, version):
+    """With [actor.lora] the engine gets its LoRA switched on (adapter-only sync) and loads its own
+    base, even beside a colocated actor whose frozen base an HF engine would share."""
+    import types
+
+    import torch
+
+    platform = NvidiaPlatform(h100(tmp_path, "580.82.07"))
+    model = make_model(tmp_path / "model", seed=1)
+    profile_path = tmp_path / "p.toml"
+    profile_path.write_text(
+        f'[model]\npath = "{model}"\n[rollout]\nengine = "{engine}"\n[actor.lora]\nrank = 16\n'
+    )
+    profile = load_profile(profile_path)
+    kwargs = resolve_engine_kwargs(platform, engine, profile.rollout.engine_kwargs, where="rollout.engine_kwargs")
+    specs = build_specs(
+        profile,
+        device_type=platform.device_type,
+        dtype="float32",
+        attn=platform.attention_impl(),
+        dist_backend=platform.dist_backend,
+        rollout_engine=engine,
+        vendor=platform.name,
+        rollout_engine_kwargs=kwargs,
+    )
+    calls: list = []
+    install(monkeypatch, tmp_path, engine, version, calls, **_hardware(platform))
+    actor = types.SimpleNamespace(model=torch.nn.Linear(2, 2).requires_grad_(False))  # shareable base
+    built = rollout_engine(specs.policy, actor)
+    given = calls[0][1]
+    assert given["enable_lora"] is True and given["max_lora_rank"] == 16
+    assert built.adapter_sync and built.lora.rank == 16

@@ -30,7 +30,8 @@ def rollout_engine(spec: Any, actor: Any = None) -> Any:
     lora = getattr(spec, "lora", None)
     extra = {"lora": lora} if lora is not None and getattr(cls, "adapter_sync", False) else {}
     source = spec.engine.model_path
-    if extra and actor is not None and lora_lib.can_share_base(actor.model, resolve_dtype(r.dtype)):
+    shares = getattr(cls, "shares_trainer_base", False)  # vLLM / SGLang load their base themselves
+    if extra and shares and actor is not None and lora_lib.can_share_base(actor.model, resolve_dtype(r.dtype)):
         meta = build_meta_model(
             source,
             dtype=spec.rollout.dtype,

@@ -1,7 +1,7 @@
 """What a weight sync sends: a byte count of any stream, and a LoRA actor's two streams.
 
-A rollout engine that holds the base once with the adapter layers injected (``adapter_sync``
-true: the HF engine) gets only the adapter tensors, copied in place. Any other engine gets the
+A rollout engine whose ``adapter_sync`` is true gets only the adapter tensors (the HF engine
+copies them in place; vLLM and SGLang load them through their LoRA APIs). Any other engine gets the
 base with the adapter merged in (``W + B @ A * alpha / r`` under the base's HF names), the full
 model's bytes, one parameter gathered at a time; :func:`merged_stream` keeps a few merged tensors
 so the sync check can compare them with what the engine then holds.
