@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -132,3 +134,28 @@ def make_grouped_batch(
         "responses": responses["responses"],
         "response_mask": responses["response_mask"],
     }
+
+
+def free_port() -> int:
+    """A free loopback TCP port for a gloo rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_per_world_size(
+    worker: Callable, base: Path, model_dir: Path, world_sizes: tuple[int, ...]
+) -> dict[int, list[dict]]:
+    """Run ``worker(rank, world, port, model_dir, out_dir)`` on each world size's gloo ranks; each
+    rank saves ``rank{r}.pt`` in ``out_dir``. Returns every world size's per-rank results (rank 0's
+    with ``dir``, the output folder)."""
+    import torch.multiprocessing as mp
+
+    out = {}
+    for world in world_sizes:
+        out_dir = base / f"w{world}"
+        out_dir.mkdir()
+        mp.spawn(worker, args=(world, free_port(), str(model_dir), str(out_dir)), nprocs=world, join=True)
+        out[world] = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
+        out[world][0]["dir"] = out_dir
+    return out

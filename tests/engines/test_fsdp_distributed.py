@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.engines.helpers import (
     make_batch,
     make_grouped_batch,
     make_model,
     reference_log_probs,
+    spawn_per_world_size,
     token_mean_loss,
 )
 
 WORLD_SIZES = (1, 2)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _params(engine) -> dict[str, torch.Tensor]:
@@ -116,14 +109,7 @@ def runs(tmp_path_factory):
     """Run the worker once per world size; the tests below read its outputs."""
     base = tmp_path_factory.mktemp("fsdp")
     model_dir = make_model(base / "model", tie=True, seed=3)
-    out = {}
-    for world in WORLD_SIZES:
-        out_dir = base / f"w{world}"
-        out_dir.mkdir()
-        mp.spawn(_worker, args=(world, _free_port(), str(model_dir), str(out_dir)), nprocs=world, join=True)
-        out[world] = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
-        out[world][0]["dir"] = out_dir
-    return model_dir, out
+    return model_dir, spawn_per_world_size(_worker, base, model_dir, WORLD_SIZES)
 
 
 @pytest.fixture(scope="module")

@@ -5,22 +5,20 @@ checkpoints across world sizes and the HF export (adapter directory + merged mod
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from tests.engines.helpers import make_batch, make_model, reference_log_probs, token_mean_loss
+from tests.engines.helpers import (
+    make_batch,
+    make_model,
+    reference_log_probs,
+    spawn_per_world_size,
+    token_mean_loss,
+)
 
 WORLD_SIZES = (1, 2)
 SPEC_KW = dict(rank=4, alpha=8.0, target_modules=("all-linear",), seed=7)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_adapter(name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -108,14 +106,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> N
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("lora")
     model_dir = make_model(base / "model", tie=True, seed=3)
-    out = {}
-    for world in WORLD_SIZES:
-        out_dir = base / f"w{world}"
-        out_dir.mkdir()
-        mp.spawn(_worker, args=(world, _free_port(), str(model_dir), str(out_dir)), nprocs=world, join=True)
-        out[world] = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
-        out[world][0]["dir"] = out_dir
-    return model_dir, out
+    return model_dir, spawn_per_world_size(_worker, base, model_dir, WORLD_SIZES)
 
 
 def _peft_model(model_dir, adapter: dict[str, torch.Tensor]):

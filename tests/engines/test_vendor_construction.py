@@ -29,8 +29,8 @@ def _hardware(platform) -> dict:
     return {"device_capability": cc} if cc else {}
 
 
-def _construct(platform, engine: str, version: str, tmp_path: Path, monkeypatch, body: str = ""):
-    """Build the rollout engine as a policy worker does; returns the keywords the engine got."""
+def _build(platform, engine: str, version: str, tmp_path: Path, monkeypatch, body: str = "", actor=None):
+    """Build the rollout engine as a policy worker does; (the engine, the keywords it got)."""
     model = make_model(tmp_path / "model", seed=1)
     profile_path = tmp_path / "p.toml"
     profile_path.write_text(f'[model]\npath = "{model}"\n[rollout]\nengine = "{engine}"\n{body}\n')
@@ -50,8 +50,13 @@ def _construct(platform, engine: str, version: str, tmp_path: Path, monkeypatch,
     )
     calls: list = []
     install(monkeypatch, tmp_path, engine, version, calls, **_hardware(platform))
-    rollout_engine(specs.policy)
-    return calls[0][1]
+    built = rollout_engine(specs.policy, actor)
+    return built, calls[0][1]
+
+
+def _construct(platform, engine: str, version: str, tmp_path: Path, monkeypatch, body: str = ""):
+    """The keywords the engine got when built as a policy worker builds it."""
+    return _build(platform, engine, version, tmp_path, monkeypatch, body)[1]
 
 
 def test_mi300x_vllm_gets_no_flash_attn(tmp_path, monkeypatch):
@@ -110,27 +115,7 @@ def test_a_lora_actor_builds_the_engine_with_its_lora_api(tmp_path, monkeypatch,
     import torch
 
     platform = NvidiaPlatform(h100(tmp_path, "580.82.07"))
-    model = make_model(tmp_path / "model", seed=1)
-    profile_path = tmp_path / "p.toml"
-    profile_path.write_text(
-        f'[model]\npath = "{model}"\n[rollout]\nengine = "{engine}"\n[actor.lora]\nrank = 16\n'
-    )
-    profile = load_profile(profile_path)
-    kwargs = resolve_engine_kwargs(platform, engine, profile.rollout.engine_kwargs, where="rollout.engine_kwargs")
-    specs = build_specs(
-        profile,
-        device_type=platform.device_type,
-        dtype="float32",
-        attn=platform.attention_impl(),
-        dist_backend=platform.dist_backend,
-        rollout_engine=engine,
-        vendor=platform.name,
-        rollout_engine_kwargs=kwargs,
-    )
-    calls: list = []
-    install(monkeypatch, tmp_path, engine, version, calls, **_hardware(platform))
     actor = types.SimpleNamespace(model=torch.nn.Linear(2, 2).requires_grad_(False))  # shareable base
-    built = rollout_engine(specs.policy, actor)
-    given = calls[0][1]
+    built, given = _build(platform, engine, version, tmp_path, monkeypatch, "[actor.lora]\nrank = 16\n", actor)
     assert given["enable_lora"] is True and given["max_lora_rank"] == 16
     assert built.adapter_sync and built.lora.rank == 16
