@@ -55,8 +55,9 @@ def test_killed_run_resumes_with_identical_metrics(write_profile, tmp_path, mode
 
 
 def is_timing(key: str) -> bool:
-    """Wall-clock keys: seconds and rates, the only values a resumed run may log differently."""
-    return key.startswith(("time/", "perf/")) or key.endswith("_s")
+    """Wall-clock keys (seconds, rates) and the processes' peak memory: the only values a resumed
+    run may log differently (a process's peak resident set varies run to run by allocator timing)."""
+    return key.startswith(("time/", "perf/", "memory/")) or key.endswith("_s")
 
 
 def assert_same_logged_values(a: dict[int, dict], b: dict[int, dict], steps) -> None:
