@@ -140,3 +140,64 @@ def test_healthy_run_logs_the_canary_every_step(write_profile, tmp_path):
         assert s["sync/canary_ok"] == 1.0
         assert 0 <= s["sync/canary_gap_mean"] < s["sync/canary_limit"] < 1e-3  # fp32 on both sides
         assert 0 < s["sync/canary_s"] < s["time/step"]
+
+
+def _captured_graph_engines(monkeypatch) -> None:
+    """Every rollout engine the run builds (colocated and the rollout workers') is a CapturedGraphRollout."""
+    import rlctl.trainer.workers.rollout_engines as rollout_engines
+
+    def engines(kind, model_type, backend, device="cpu", vendor=None):
+        return (
+            CapturedGraphRollout
+            if kind == "rollout"
+            else get_engine(kind, model_type, backend, device, vendor)
+        )
+
+    monkeypatch.setattr(rollout_engines, "get_engine", engines)
+
+
+@pytest.mark.timeout(300)
+def test_one_step_off_rollout_worker_stops_at_the_first_stale_push_naming_the_engine(
+    write_profile, tmp_path, monkeypatch
+):
+    _captured_graph_engines(monkeypatch)
+    profile = write_profile("stale-off", steps=3, extra='mode = "one_step_off"\n')
+    profile.write_text(
+        profile.read_text().replace(
+            "micro_batch_sequences = 8", "micro_batch_sequences = 8\nentropy_coeff = 0.01"
+        )
+    )
+    # no validation: the colocated engine (synced only before one) stays out of it
+    code, _, err = run_cli(
+        "train", str(profile), "--set", "trainer.save_every=0", "--set", "trainer.val_every=0"
+    )
+    assert code == 1, err
+    last = err.strip().splitlines()[-1]
+    # weight version 2 (step 1's update) is pushed for batch 3: batches 1 and 2 used version 1
+    for needle in (
+        "step=3",
+        "role=rollout",
+        "method=update_weights",
+        "weight version 2",
+        "canary",
+        "CapturedGraphRollout (rollout worker)",
+        "parity tolerance",
+    ):
+        assert needle in last, (needle, last)
+    steps = by_step(metrics(tmp_path / "runs/stale-off"))
+    assert max(steps) == 2, "no step trained on the broken push's batch may be logged"
+    assert all(steps[s]["sync/canary_ok"] == 1.0 for s in (1, 2))  # version 1: the load-time weights
+
+
+@pytest.mark.timeout(300)
+def test_healthy_one_step_off_run_logs_the_rollout_workers_canary_every_step(write_profile, tmp_path):
+    profile = write_profile("canary-off", steps=3, extra='mode = "one_step_off"\n')
+    code, _, err = run_cli("train", str(profile), "--set", "trainer.save_every=0")
+    assert code == 0, err
+    steps = by_step(metrics(tmp_path / "runs/canary-off"))
+    for step in (1, 2, 3):
+        s = steps[step]
+        assert s["async/weight_version_min"] == max(step - 1, 1)  # the pushes of versions 1 and 2
+        assert s["sync/canary_ok"] == 1.0
+        assert 0 <= s["sync/canary_gap_mean"] < s["sync/canary_limit"] < 1e-3  # fp32 on both sides
+        assert 0 < s["sync/canary_s"] < s["time/step"]

@@ -12,9 +12,15 @@ absolute per-token gap must stay within the parity tolerance of the two computat
 train-vs-rollout gap); above it the sync fails naming the engine, as a fingerprint mismatch does.
 
 Cost: one forward of ``CANARY_LENGTH`` tokens on each side (plus one decoded token on vLLM and
-SGLang; on one CPU thread, :func:`one_thread_on_cpu`), measured as ``sync/canary_s`` every step. Metrics: ``sync/canary_gap_mean`` /
+SGLang; on one CPU thread, :func:`one_thread_on_cpu`), measured as ``sync/canary_s`` every step.
+Metrics: ``sync/canary_gap_mean`` /
 ``sync/canary_gap_max`` (nats), ``sync/canary_limit`` (the tolerance), ``sync/canary_ok`` (1
 checked; -1 when the engine cannot score a sequence, said once in a warning).
+
+The off-policy modes' rollout workers (:mod:`rlctl.trainer.workers.rollout`) run it on every
+weight push: the trainer scores the canary when it publishes its weights
+(:meth:`SyncCanary.trainer_scores`, shipped with them), the rollout worker scores it after loading
+them and compares (:meth:`SyncCanary.compare`).
 """
 
 from __future__ import annotations
@@ -100,16 +106,38 @@ class SyncCanary:
             on_device=worker._actor_on_device,
         )
 
-    def check(self, actor, rollout, version: int) -> dict[str, float]:
-        """``actor`` is the training engine (``compute_log_prob``), ``rollout`` the rollout engine."""
-        start = time.perf_counter()
+    def trainer_scores(self, actor) -> tuple[list[int], torch.Tensor]:
+        """The canary for ``actor``'s vocabulary and the training engine's log-probs of it (on the
+        host). Collective under FSDP: every rank calls it together, with the actor on its device."""
         config = actor.model.config
         tokens = canary_tokens(int(getattr(config, "get_text_config", lambda: config)().vocab_size))
-        engine = type(rollout).__name__
+        with one_thread_on_cpu(actor.device):
+            ours = actor.compute_log_prob(canary_batch(tokens))["log_probs"][0]
+        return tokens, ours.detach().cpu()
+
+    def rollout_scores(self, rollout, tokens: list[int], device="cpu") -> torch.Tensor | None:
+        """The rollout engine's log-probs of ``tokens[1:]`` through its own scoring path (None where
+        the engine cannot score a sequence)."""
         score = getattr(rollout, "prompt_log_probs", None)
-        with self.on_device(), one_thread_on_cpu(actor.device):
-            theirs = score(tokens) if score is not None else None
-            ours = actor.compute_log_prob(canary_batch(tokens))["log_probs"][0]  # collective under FSDP
+        if score is None:
+            return None
+        with one_thread_on_cpu(device):
+            return score(tokens)
+
+    def compare(
+        self,
+        theirs: torch.Tensor | None,
+        ours: torch.Tensor,
+        tokens: list[int],
+        shape: tuple[int, int],
+        version: int,
+        engine: str,
+        *,
+        what: str = "weight sync",
+    ) -> dict[str, float]:
+        """The ``sync/canary_*`` verdict (without ``sync/canary_s``) of the rollout engine's scores
+        ``theirs`` against the trainer's ``ours``; ``shape`` is the model's ``(layers, hidden)``.
+        RunError naming ``engine``, ``what`` ``version`` and this rank past the parity tolerance."""
         if theirs is None:
             if not self.warned:
                 get_logger(LOGGER).warning(
@@ -117,14 +145,14 @@ class SyncCanary:
                     reason=f"{engine} cannot score a token sequence",
                 )
                 self.warned = True
-            return {"sync/canary_ok": -1.0, "sync/canary_s": time.perf_counter() - start}
+            return {"sync/canary_ok": -1.0}
         gap = (ours.double().cpu() - torch.as_tensor(theirs).double().cpu()).abs()
-        layers, hidden = model_shape(config)
+        layers, hidden = shape
         tol = gap_tolerance(self.dtypes, layers=layers, hidden=hidden, seq_len=len(tokens))
         mean, worst = float(gap.mean()), float(gap.max())
         if not mean <= tol.passes:
             raise RunError(
-                f"weight sync {version}: canary: the rollout engine {engine} scores the fixed "
+                f"{what} {version}: canary: the rollout engine {engine} scores the fixed "
                 f"{len(tokens)}-token canary {mean:.4g} nats per token away from the trainer (max "
                 f"{worst:.4g}), above the parity tolerance {tol.passes:.3g} ({tol.why}; rank "
                 f"{self.rank}); its stored weights may be right, but it computes with others "
@@ -135,5 +163,14 @@ class SyncCanary:
             "sync/canary_gap_mean": mean,
             "sync/canary_gap_max": worst,
             "sync/canary_limit": tol.passes,
-            "sync/canary_s": time.perf_counter() - start,
         }
+
+    def check(self, actor, rollout, version: int) -> dict[str, float]:
+        """``actor`` is the training engine (``compute_log_prob``), ``rollout`` the rollout engine."""
+        start = time.perf_counter()
+        with self.on_device():
+            tokens, ours = self.trainer_scores(actor)  # collective under FSDP
+            theirs = self.rollout_scores(rollout, tokens, actor.device)
+        shape = model_shape(actor.model.config)
+        out = self.compare(theirs, ours, tokens, shape, version, type(rollout).__name__)
+        return {**out, "sync/canary_s": time.perf_counter() - start}

@@ -116,11 +116,20 @@ def merge_sync_metrics(per_rank: list[dict[str, float]] | None) -> dict[str, flo
         # bytes loaded into rank 0's rollout engine (the full model, or a LoRA actor's adapter)
         **{k: records[0][k] for k in ("sync/bytes", "sync/model_bytes") if k in records[0]},
     }
-    if all("sync/canary_ok" in r for r in records):  # the canary: worst verdict, largest gap and time
-        out["sync/canary_ok"] = min(r["sync/canary_ok"] for r in records)
-        for key in ("sync/canary_gap_mean", "sync/canary_gap_max", "sync/canary_limit", "sync/canary_s"):
-            if all(key in r for r in records):
-                out[key] = max(r[key] for r in records)
+    out.update(merge_canary_metrics(records))
+    return out
+
+
+def merge_canary_metrics(records: list[dict[str, float]] | None) -> dict[str, float]:
+    """The canary's ``sync/canary_*`` of several ranks (or checks) as one: the worst verdict, the
+    largest gap, limit and time; empty unless every record has a verdict."""
+    records = [r for r in records or [] if r]
+    if not records or not all("sync/canary_ok" in r for r in records):
+        return {}
+    out = {"sync/canary_ok": min(r["sync/canary_ok"] for r in records)}
+    for key in ("sync/canary_gap_mean", "sync/canary_gap_max", "sync/canary_limit", "sync/canary_s"):
+        if all(key in r for r in records):
+            out[key] = max(r[key] for r in records)
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 from rlctl.algorithms.metric_parts import results
 from rlctl.dispatch import DataProto, Dispatch, Worker, register
 from rlctl.engines.batch_metrics import BatchMetrics
+from rlctl.engines.numerics import model_shape
 from rlctl.engines.registry import get_engine
 from rlctl.reshard import reshard_train_to_rollout
 from rlctl.trainer.plan.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec
@@ -29,7 +31,7 @@ from rlctl.trainer.workers.losses import make_actor_loss, make_critic_loss
 from rlctl.trainer.workers.memory import PeakMemory
 from rlctl.trainer.workers.rollout_engines import _model_type, rollout_engine  # noqa: F401  (re-exported)
 from rlctl.trainer.workers.sampling import _pad_responses, sample_rows  # noqa: F401  (re-exported)
-from rlctl.trainer.workers.weight_streams import ByteCount, merged_stream, model_bytes
+from rlctl.trainer.workers.weight_streams import ByteCount, PublishedWeights, merged_stream, model_bytes
 
 SYNC_STATE = "sync.json"  # the actor's weight version, beside its checkpoint
 
@@ -273,9 +275,11 @@ class PolicyWorker(PeakMemory, Worker):
         return self._sync_checker
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def full_weights(self) -> dict[str, torch.Tensor] | None:
+    def full_weights(self) -> PublishedWeights | None:
         """The actor's full HF-named weights as host copies on rank 0 (None on other ranks; every
-        rank gathers), for rollout workers in other processes (``trainer.mode`` one_step_off/async)."""
+        rank gathers), for rollout workers in other processes (``trainer.mode`` one_step_off/async),
+        with the trainer's canary scores for them (every rank scores: collective under FSDP)."""
+        canary = self._sync_check().canary
         with self._actor_on_device():  # a LoRA actor's rollout engines take the adapter alone
             if self.spec.lora is None:
                 stream = self.actor.export_weights("full")
@@ -283,7 +287,12 @@ class PolicyWorker(PeakMemory, Worker):
                 stream = self.actor.export_adapter()
             else:
                 stream = merged_stream(self.actor, self.spec.lora, {})
-            out = {name: t.detach().to("cpu", copy=True) for name, t in stream}
+            out = PublishedWeights({name: t.detach().to("cpu", copy=True) for name, t in stream})
+            if canary is not None:
+                start = time.perf_counter()
+                out.canary_tokens, out.canary_scores = canary.trainer_scores(self.actor)
+                out.model_shape = model_shape(self.actor.model.config)
+                out.canary_s = time.perf_counter() - start
         return out if self.rank == 0 else None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

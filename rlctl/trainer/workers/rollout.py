@@ -7,7 +7,12 @@ training to run at the same time, so ``one_step_off`` and ``async`` spawn a seco
 same shape as the cluster's): on Ray these are separate actor processes, in-process separate
 worker objects the driver calls from its rollout thread. Weights cross as host tensors through
 the driver (``PolicyWorker.full_weights`` -> ``RolloutWorker.update_weights``); each push carries
-the weight version, which every generated sample then reports.
+the weight version, which every generated sample then reports. Each push is checked as the sync
+mode's syncs are by the canary (:mod:`rlctl.trainer.state.canary`): the trainer's scores travel
+with the weights (:class:`~rlctl.trainer.workers.weight_streams.PublishedWeights`), this worker
+scores the same sequence with its engine once the weights are in; a gap past the tolerance fails
+the push naming the engine, the version and the rank. The verdict (``sync/canary_*``) is returned
+to the driver, which logs it with every step trained on batches generated under those weights.
 
 On one CPU host both pools share the same cores: the rollout ranks take half of each host's
 cores and the training ranks the other half (``workers._cpu_threads``, one rule for both sides),
@@ -17,13 +22,17 @@ rollout pool needs devices of its own (the capacity check says so before anythin
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from rlctl.dispatch import DataProto, Dispatch, Worker, WorkerGroup, register, spawn_colocated
 from rlctl.dispatch.pool import ResourcePool
 from rlctl.trainer.plan.specs import PolicySpec, specs_from_plan
+from rlctl.trainer.state.canary import SyncCanary
 from rlctl.trainer.workers.memory import PeakMemory
 from rlctl.trainer.workers.roles import _cpu_threads, rollout_engine, sample_rows
+from rlctl.trainer.workers.weight_streams import PublishedWeights
 
 
 class RolloutWorker(PeakMemory, Worker):
@@ -40,11 +49,35 @@ class RolloutWorker(PeakMemory, Worker):
         self.rollout = rollout_engine(self.spec)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> int:
-        """Load the trainer's full weights; later samples report ``version``. Returns tensors copied."""
-        count = self.rollout.update_weights(weights.items())
+    def update_weights(self, published: PublishedWeights, version: int) -> dict[str, float]:
+        """Load the trainer's published weights (later samples report ``version``), then the canary:
+        this engine's scores of the trainer's canary against the trainer's. Returns the
+        ``sync/canary_*`` metrics (empty where the trainer sent no canary); RunError past the
+        tolerance."""
+        self.rollout.update_weights(published.weights.items())
         self.version = int(version)
-        return count
+        if published.canary_scores is None:
+            return {}
+        start = time.perf_counter()
+        if getattr(self, "canary", None) is None:
+            engine = self.spec.engine
+            self.canary = SyncCanary(
+                rank=self.rank,
+                train_dtype=engine.mixed_precision or engine.dtype,
+                rollout_dtype=self.spec.rollout.dtype,
+            )
+        tokens = published.canary_tokens
+        theirs = self.canary.rollout_scores(self.rollout, tokens, self.spec.engine.device_type)
+        out = self.canary.compare(
+            theirs,
+            published.canary_scores,
+            tokens,
+            published.model_shape,
+            self.version,
+            f"{type(self.rollout).__name__} (rollout worker)",
+            what="weight version",
+        )
+        return {**out, "sync/canary_s": published.canary_s + time.perf_counter() - start}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:

@@ -10,11 +10,27 @@ so the sync check can compare them with what the engine then holds.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from rlctl.engines.lora import ADAPTER, LoraSpec, base_name, is_adapter, scaling
+
+
+@dataclass
+class PublishedWeights:
+    """What the trainer publishes to the off-policy modes' rollout workers: the weights (HF names,
+    host copies; a LoRA actor's adapter or merged model, as its sync would send) and the trainer's
+    canary scores for them (:mod:`rlctl.trainer.state.canary`), which the rollout worker compares
+    with its own engine's after loading them."""
+
+    weights: dict[str, torch.Tensor]
+    canary_tokens: list[int] | None = None
+    canary_scores: torch.Tensor | None = None  # the trainer's log-probs of canary_tokens[1:]
+    model_shape: tuple[int, int] | None = None  # (layers, hidden): the canary's tolerance
+    canary_s: float = 0.0  # the trainer side's seconds
+
 
 MERGED_CHECKED = 3  # adapted weights of the merged stream the sync check fingerprints
 
