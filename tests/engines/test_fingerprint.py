@@ -8,7 +8,6 @@ gloo with two ranks (partial sums all-reduced) against the full tensors.
 from __future__ import annotations
 
 import os
-import socket
 import types
 
 import pytest
@@ -21,7 +20,7 @@ from rlctl.engines.sglang_rollout import SGLangRolloutEngine
 from rlctl.engines.vllm_rollout import VLLMRolloutEngine, vllm_view
 from rlctl.trainer.state.fingerprint import SyncCheck
 from tests.engines.fakes import SGLANG_VERSIONS, VLLM_VERSIONS, install
-from tests.engines.helpers import make_model
+from tests.engines.helpers import free_port, make_model
 
 torch.set_num_threads(1)
 CONTRACT = dict(device="cuda", dtype="float32", trust_remote_code=False)
@@ -126,12 +125,6 @@ def test_sglang_reports_not_available_never_ok(model_dir, monkeypatch, tmp_path,
     assert metrics["sync/weight_version"] == 1.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _odd_model(path):
     """A Qwen2 whose row counts (67 vocab, 45 intermediate) split unevenly over 2 ranks."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -175,7 +168,7 @@ def _sharded_worker(rank: int, world: int, port: int, model_dir: str, out: str) 
 def test_fsdp_shards_fingerprint_like_the_full_tensors(tmp_path):
     model_dir = _odd_model(tmp_path / "odd")
     out = tmp_path / "fp.pt"
-    mp.spawn(_sharded_worker, args=(2, _free_port(), str(model_dir), str(out)), nprocs=2, join=True)
+    mp.spawn(_sharded_worker, args=(2, free_port(), str(model_dir), str(out)), nprocs=2, join=True)
     result = torch.load(out)
     assert set(result["sharded"]) == set(result["full"])
     assert [n for n in result["full"] if not same(result["sharded"][n], result["full"][n])] == []

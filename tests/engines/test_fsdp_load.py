@@ -10,8 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.engines.helpers import make_model
-from tests.engines.test_fsdp_distributed import _free_port
+from tests.engines.helpers import free_port, make_model
 
 WORLD_SIZES = (1, 2)
 
@@ -166,7 +165,7 @@ def runs(models):
     for world in WORLD_SIZES:
         out_dir = models["base"] / f"w{world}"
         out_dir.mkdir()
-        mp.spawn(_worker, args=(world, _free_port(), models, str(out_dir)), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, free_port(), models, str(out_dir)), nprocs=world, join=True)
         out[world] = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
     return out
 
@@ -346,7 +345,7 @@ def rss(tmp_path_factory):
     del model
     warm = make_model(base / "warm")
     mp.spawn(
-        _rss_worker, args=(2, _free_port(), str(base / "big"), str(warm), str(base)), nprocs=2, join=True
+        _rss_worker, args=(2, free_port(), str(base / "big"), str(warm), str(base)), nprocs=2, join=True
     )
     ranks = [torch.load(base / f"rss{r}.pt") for r in range(2)]
     return {"model_bytes": model_bytes, "new": [r["new"] for r in ranks], "old": [r["old"] for r in ranks]}

@@ -16,8 +16,7 @@ from rlctl.engines.fsdp_train import FSDPTrainEngine
 from rlctl.engines.mixed_precision import DynamicLossScaler, compute_dtype
 from rlctl.engines.optim import OptimConfig
 from rlctl.errors import UserError
-from tests.engines.helpers import make_batch, make_model, token_mean_loss
-from tests.engines.test_fsdp_distributed import _free_port
+from tests.engines.helpers import free_port, make_batch, make_model, token_mean_loss
 
 torch.set_num_threads(1)
 LR = OptimConfig(lr=1e-6, grad_clip=1.0)
@@ -112,7 +111,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> N
 @pytest.mark.timeout(240)
 def test_two_ranks_over_gloo_bf16_compute_fp32_master(model_dir, tmp_path):
     """FSDP2's MixedPrecisionPolicy (bf16 all-gather, fp32 reduce-scatter) over gloo."""
-    mp.spawn(_worker, args=(2, _free_port(), str(model_dir), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(model_dir), str(tmp_path)), nprocs=2, join=True)
     for rank in range(2):
         r = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
         _check_master_moves(r["mixed"])
