@@ -8,9 +8,11 @@ from rlctl.doctor.check import CheckResult, passed, skipped, warned
 from rlctl.platforms import Platform
 
 
-def check_lora_sync(p: Platform) -> CheckResult:
+def check_lora_sync(p: Platform, torch_imports: bool = True) -> CheckResult:
     """Adapter-only sync where the engine holds the base plus an adapter it updates in place (HF);
-    merged-weight sync (the full model's bytes every step) where rlctl has no adapter path for it."""
+    merged-weight sync (the full model's bytes every step) where rlctl has no adapter path for it.
+    The engine modules import torch in this process: not tried when ``import torch`` fails (the
+    torch-import row says why; a half-imported torch can crash the process at exit)."""
     from rlctl.engines.registry import get_engine
 
     name = "lora sync"
@@ -19,6 +21,8 @@ def check_lora_sync(p: Platform) -> CheckResult:
     engine = p.rollout_engine()
     if engine is None:
         return skipped(name, "no rollout engine installed", "lora")
+    if not torch_imports:
+        return skipped(name, "import torch fails here (see torch-import): no engine to ask", "lora")
     cls = get_engine("rollout", "*", engine, p.device_type, p.name)
     if getattr(cls, "adapter_sync", False):
         how = (

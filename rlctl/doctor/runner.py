@@ -94,7 +94,8 @@ def run_doctor(
     rows += checks_packages.check_consistency(p)
     rows += checks_host.check_env(p)
     rows += checks_sandbox.check_sandbox()
-    rows.append(checks_lora.check_lora_sync(p))
+    torch_imports = not any(r.name == "torch-import" and r.verdict == Verdict.FAIL for r in rows)
+    rows.append(checks_lora.check_lora_sync(p, torch_imports=torch_imports))
     if deep_checks:
         assert imports is not None
         rows += deep.check_imports(imports)
