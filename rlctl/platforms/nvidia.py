@@ -162,8 +162,8 @@ class NvidiaPlatform(Platform):
     def engine_settings(self, engine: str) -> EngineSettings:
         """vLLM and SGLang keep their own attention choice on NVIDIA (see :mod:`.kernels`)."""
         cc = self.compute_capability()
+        fi = self.host.dists.get("flashinfer-python") is not None
         if engine == "vllm":
-            fi = self.host.dists.get("flashinfer-python") is not None
             return EngineSettings(
                 "vllm",
                 None,
@@ -171,7 +171,6 @@ class NvidiaPlatform(Platform):
                 source=VLLM_CUDA_SOURCE,
             )
         if engine == "sglang":
-            fi = self.host.dists.get("flashinfer-python") is not None
             return EngineSettings(
                 "sglang",
                 None,
