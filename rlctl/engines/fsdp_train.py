@@ -10,7 +10,10 @@ The engine knows nothing of RL: :meth:`FSDPTrainEngine.train_batch` takes the lo
 
 Batch convention (verl's): ``input_ids``/``attention_mask``/``position_ids`` (B, P+R) are a
 left-padded prompt followed by a right-padded response, ``responses``/``response_mask`` (B, R).
-The log-prob of response token t comes from the logits at position P-1+t.
+The log-prob of response token t comes from the logits at position P-1+t. The forwards themselves
+run packed, one row per prompt group with no padding between responses
+(:mod:`rlctl.engines.packing`), where the model's attention allows it; else each distinct prompt
+once with the responses on its KV cache (:mod:`rlctl.engines.prefix`); else verl's rows as given.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from rlctl.engines.logprob import (
 from rlctl.engines.lora import LoraSpec
 from rlctl.engines.mixed_precision import DynamicLossScaler, autocast, compute_dtype
 from rlctl.engines.optim import LossScale, OptimConfig, build_optimizer
+from rlctl.engines.packing import PackedBatch, can_pack, pack
 from rlctl.engines.prefix import PrefixGroups, length_dependent_rope, prompt_groups, shared_prefix_logits
 from rlctl.engines.registry import register_engine
 from rlctl.errors import RunError, UserError
@@ -74,6 +78,7 @@ class FSDPTrainEngine:
         micro_batch_size: int = 4,
         micro_batch_tokens: int = 0,
         share_prefix: bool = True,
+        pack_sequences: bool = True,
         mesh=None,
         tokenizer=None,
         lora: LoraSpec | None = None,
@@ -138,6 +143,7 @@ class FSDPTrainEngine:
         self.mesh = mesh
         self.model = model
         self._keep_logits = not value_head and supports_logits_to_keep(model)
+        self.pack = pack_sequences and can_pack(model)
         self.optim_config = optim or OptimConfig()
         self.optimizer, self.scheduler = build_optimizer(
             [p for p in model.parameters() if p.requires_grad], self.optim_config
@@ -173,6 +179,9 @@ class FSDPTrainEngine:
         inputs = dict(
             input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=position_ids
         )
+        packed = self._packed(inputs, resp_len)
+        if packed is not None:
+            return self._packed_forward(packed, temperature=temperature, with_entropy=with_entropy)
         with self._autocast():
             if self.value_head:
                 values = self.model(**inputs)
@@ -188,6 +197,43 @@ class FSDPTrainEngine:
             lp, ent = token_log_probs_and_entropy(logits, mb["responses"], temperature)
             return {"log_probs": lp, "entropy": ent}
         return {"log_probs": token_log_probs(logits, mb["responses"], temperature)}
+
+    def _packed(self, inputs: Batch, resp_len: int) -> PackedBatch | None:
+        """The micro-batch packed one row per prompt group (:mod:`rlctl.engines.packing`), or None
+        where this engine or batch cannot take that layout; under FSDP all ranks agree."""
+        if not self.pack:
+            return None
+        plen = inputs["input_ids"].shape[1] - resp_len
+        groups = prompt_groups(inputs["input_ids"][:, :plen], inputs["attention_mask"][:, :plen])
+        groups = groups or PrefixGroups.each_row(len(inputs["input_ids"]), self.device)
+        packed = pack(**inputs, response_length=resp_len, groups=groups) if plen > 0 else None
+        if self.distributed:  # every forward is a collective: one path for every rank
+            ok = torch.tensor([int(packed is not None)], device=self.device)
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self._group())
+            if not int(ok):
+                return None
+        return packed
+
+    def _packed_forward(
+        self, packed: PackedBatch, *, temperature: float, with_entropy: bool
+    ) -> dict[str, torch.Tensor]:
+        inputs = dict(
+            input_ids=packed.input_ids,
+            attention_mask=packed.attention_mask,
+            position_ids=packed.position_ids,
+        )
+        with self._autocast():
+            if self.value_head:
+                values = self.model(**inputs)[:, -packed.keep :]
+                return {"values": packed.unpack(values.float())}
+            if self._keep_logits:
+                logits = self.model(**inputs, use_cache=False, logits_to_keep=packed.keep).logits
+            else:
+                logits = self.model(**inputs, use_cache=False).logits[:, -packed.keep :]
+        if with_entropy:
+            lp, ent = token_log_probs_and_entropy(logits, packed.targets, temperature)
+            return {"log_probs": packed.unpack(lp), "entropy": packed.unpack(ent)}
+        return {"log_probs": packed.unpack(token_log_probs(logits, packed.targets, temperature))}
 
     def _shared_prefix_logits(self, inputs: Batch, resp_len: int) -> torch.Tensor | None:
         """Response logits with each distinct prompt computed once (:mod:`rlctl.engines.prefix`);

@@ -35,6 +35,13 @@ class PlatformSection:
         "float16. Trained models keep fp32 master weights and optimizer state.",
         choices=DTYPES,
     )
+    cpu_threads: int = field(
+        0,
+        "Torch threads per rank on CPU. 0 (auto): the rank's share of the host's cores, but one "
+        "thread for a model whose hidden size is under 512 (its matrix products are too small for "
+        "a second core to pay); n: n threads per rank.",
+        ge=0,
+    )
 
 
 @dataclass

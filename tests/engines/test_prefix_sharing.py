@@ -74,7 +74,11 @@ def test_training_forward_runs_each_prompt_once_and_gives_the_same_gradients(mod
     grads, log_probs, calls = {}, {}, {}
     for share in (True, False):
         engine = FSDPTrainEngine(
-            model_dir, micro_batch_size=12, share_prefix=share, optim=OptimConfig(lr=0.0, grad_clip=0.0)
+            model_dir,
+            micro_batch_size=12,
+            share_prefix=share,
+            pack_sequences=False,  # the two-pass path (packing: tests/engines/test_packing.py)
+            optim=OptimConfig(lr=0.0, grad_clip=0.0),
         )
         sizes, handle = _batch_sizes_of_forwards(engine.model)
         log_probs[share] = engine.compute_log_prob(batch, with_entropy=True)
@@ -95,12 +99,12 @@ def test_training_forward_runs_each_prompt_once_and_gives_the_same_gradients(mod
 
 
 def test_distinct_prompts_and_activation_checkpointing_take_the_plain_forward(model_dir):
-    engine = FSDPTrainEngine(model_dir, micro_batch_size=8)
+    engine = FSDPTrainEngine(model_dir, micro_batch_size=8, pack_sequences=False)
     sizes, handle = _batch_sizes_of_forwards(engine.model)
     engine.compute_log_prob(make_batch(8, seed=3))  # every prompt differs
     handle.remove()
     assert sizes == [8]
-    ckpt = FSDPTrainEngine(model_dir, micro_batch_size=8, activation_checkpointing=True)
+    ckpt = FSDPTrainEngine(model_dir, micro_batch_size=8, activation_checkpointing=True, pack_sequences=False)
     assert not ckpt.share_prefix
     sizes, handle = _batch_sizes_of_forwards(ckpt.model)
     ckpt.train_batch(make_grouped_batch(2, n=4, seed=3), token_mean_loss)

@@ -139,3 +139,37 @@ def test_the_rollout_worker_sets_its_half_through_the_shared_rule(host, monkeypa
         assert worker.rollout == "engine"
     train = [_cpu_threads(_rank("policy", r, 2), spec.engine) for r in range(2)]
     assert set_threads[:2] == [2, 2] and train == [2, 2]
+
+
+def _model(tmp_path, hidden: int):
+    path = tmp_path / f"h{hidden}"
+    path.mkdir()
+    (path / "config.json").write_text(f'{{"model_type": "llama", "hidden_size": {hidden}}}')
+    return str(path)
+
+
+def test_a_narrow_model_runs_one_thread_and_a_wide_one_its_share(host, tmp_path):
+    set_threads = host(8)
+    narrow = EngineSpec(model_path=_model(tmp_path, 128), device_type="cpu")
+    wide = EngineSpec(model_path=_model(tmp_path, 576), device_type="cpu")
+    assert _split(2, narrow)[0] == [1, 1]
+    assert _split(2, wide)[0] == [4, 4]
+    assert set_threads == [1, 1, 1, 1, 4, 4, 2, 2]  # train then rollout ranks, per model
+
+
+def test_platform_cpu_threads_is_taken_as_given(host, tmp_path):
+    from dataclasses import replace
+
+    set_threads = host(8)
+    spec = EngineSpec(model_path=_model(tmp_path, 128), device_type="cpu", separate_rollout=True, cpu_threads=3)
+    assert _split(1, spec) == ([3], [3]) and set_threads == [3, 3]
+    assert _split(1, replace(spec, device_type="cuda")) == ([None], [None])
+
+
+def test_the_profile_key_reaches_every_role(tmp_path):
+    from rlctl.profile import load_profile
+
+    path = tmp_path / "p.toml"
+    path.write_text(f'[model]\npath = "{tmp_path}"\n[platform]\ncpu_threads = 1\n')
+    specs = build_specs(load_profile(path), device_type="cpu", dtype="float32", attn="sdpa", dist_backend="gloo")
+    assert specs.policy.engine.cpu_threads == 1

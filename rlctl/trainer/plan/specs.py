@@ -34,6 +34,7 @@ class EngineSpec:
     offload: bool = False
     seed: int = 1
     separate_rollout: bool = False  # a rollout group in processes of its own shares the hosts (off-policy)
+    cpu_threads: int = 0  # platform.cpu_threads: 0 = auto (workers.roles._cpu_threads)
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,7 @@ def build_specs(
         offload=p.actor.param_offload or p.actor.optimizer_offload,
         seed=p.run.seed,
         separate_rollout=p.trainer.mode != "sync",
+        cpu_threads=p.platform.cpu_threads,
     )
     update = UpdateSpec(ppo_epochs=p.actor.ppo_epochs, temperature=p.rollout.temperature)
     policy = PolicySpec(
