@@ -28,6 +28,7 @@ PER_SEED_KEYS = (
     "curve",
     "staleness_mean",
     "staleness_max",
+    "settings",
 )
 
 
@@ -64,6 +65,8 @@ def combine_seeds(name: str, runs: list[dict[str, Any]], seeds: list[int]) -> di
         "tokens_per_step": _median([r.get("tokens_per_step") for r in runs]),
         "stages_s": {k: _median([r["stages_s"].get(k) for r in runs]) for k in stage_names},
     }
+    if "settings" in runs[0]:  # TRL's GRPOConfig settings; each seed's (its seed) under seeds
+        row["settings"] = runs[0]["settings"]
     if any("staleness_mean" in r for r in runs):
         row["staleness_mean"] = _median([r.get("staleness_mean") for r in runs])
         row["staleness_max"] = max(r.get("staleness_max", 0.0) for r in runs)

@@ -17,7 +17,8 @@ from rlctl.errors import RunError
 def trl_settings(profile) -> dict[str, Any]:
     """GRPOConfig keyword arguments mirroring the profile (trl 1.16.0, trl/trainer/grpo_config.py):
     one generation of prompts x n completions per optimiser step, GRPO group-std advantages,
-    token-mean loss ("dapo": normalised by the batch's active tokens), no KL, constant lr."""
+    token-mean loss ("dapo": normalised by the batch's active tokens), no KL, constant lr,
+    activation checkpointing as the profile's actor has it."""
     p = profile
     return {
         "per_device_train_batch_size": p.sequences_per_step,
@@ -39,6 +40,9 @@ def trl_settings(profile) -> dict[str, Any]:
         "scale_rewards": "group" if p.algorithm.norm_adv_by_std else "none",
         "loss_type": "dapo",
         "max_steps": p.trainer.steps,
+        # GRPOConfig turns it on by default (grpo_config.py: "Defaults to True instead of False"):
+        # the profile's choice instead, so both sides run the same backward
+        "gradient_checkpointing": p.actor.activation_checkpointing,
         "seed": p.run.seed,
         "use_cpu": True,
         "bf16": False,
@@ -110,7 +114,7 @@ def run_trl(cfg: StepBenchConfig, out: Path, params: int, peak: float, seed_inde
         scored, _ = scorer.score(batch, shaping=False)
         return scored.batch["acc"].float().mean().item()
 
-    clock = {"step_s": [], "curve": [], "tokens": []}
+    clock = {"step_s": [], "curve": []}
 
     class Clock(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kw):
