@@ -17,8 +17,9 @@ the same way:
   fraction of this host's measured fp32 matrix multiply (``host_matmul_gflops``, 1024^3; the rate
   at the model's MLP shape is reported beside it).
 - **per-stage work** (every row): medians of the loop's ``time/<stage>`` metrics, each stage's
-  model FLOPs over the step's real tokens, its fraction of ``host_matmul_gflops`` and its floor
-  (:mod:`rlctl.bench.step_flops`); in the off-policy modes ``gen`` and ``reward`` run on the
+  model FLOPs over the step's real tokens, its fraction of the host's GEMM rate measured right
+  before that run (the row's ``host_matmul_gflops``: the host's load drifts over a bench) and its
+  floor at that rate (:mod:`rlctl.bench.step_flops`); in the off-policy modes ``gen`` and ``reward`` run on the
   rollout thread, overlapped, and ``wait_rollout`` is what the trainer waited for them. TRL's
   step splits into ``gen`` (its generate-and-score method) and ``update_actor`` (the rest).
 - **seeds** (``--seeds k``): every row runs k times, ``run.seed`` = the profile's + 0..k-1; the
@@ -51,13 +52,13 @@ from rlctl.bench.step_trl import run_trl
 
 
 # -- rlctl -------------------------------------------------------------------------------------------
-def run_rlctl(
-    cfg: StepBenchConfig, mode: str, out: Path, params: int, peak: float, seed_index: int = 0
-) -> dict[str, Any]:
-    """Train ``mode`` on the profile (seed ``seed_index``) and summarise its metrics.jsonl."""
+def run_rlctl(cfg: StepBenchConfig, mode: str, out: Path, params: int, seed_index: int = 0) -> dict[str, Any]:
+    """Train ``mode`` on the profile (seed ``seed_index``) and summarise its metrics.jsonl, the
+    host's GEMM rate measured right before the run (the host's load drifts over a bench)."""
     from rlctl.trainer.run import run_dir_for, train
 
     profile = bench_profile(cfg, mode, out, seed_index)
+    peak = host_matmul_gflops()
     try:
         train(profile, resume="never")
     finally:
@@ -99,19 +100,15 @@ def run_step_bench(cfg: StepBenchConfig) -> dict[str, Any]:
         seeds = [base.run.seed + i for i in range(cfg.seeds)]
         rows = []
         for mode in cfg.modes:
-            runs = [run_rlctl(cfg, mode, out, params, peak, i) for i in range(cfg.seeds)]
+            runs = [run_rlctl(cfg, mode, out, params, i) for i in range(cfg.seeds)]
             rows.append(combine_seeds(mode, runs, seeds))
         if cfg.against_trl:
-            rows.append(
-                combine_seeds("trl", [run_trl(cfg, out, params, peak, i) for i in range(cfg.seeds)], seeds)
-            )
+            rows.append(combine_seeds("trl", [run_trl(cfg, out, params, i) for i in range(cfg.seeds)], seeds))
         if cfg.baseline:
-            by_mode = run_baseline(
-                cfg, out, base.run.seed, sequences=base.sequences_per_step, params=params, peak=peak
-            )
+            by_mode = run_baseline(cfg, out, base.run.seed, sequences=base.sequences_per_step, params=params)
             rows += [combine_seeds(f"baseline-{m}", runs, seeds) for m, runs in by_mode.items()]
         for r in rows:
-            add_stage_work(r, base, shape, peak)
+            add_stage_work(r, base, shape)
         equal_s = equal_time(rows)
         for r in rows:
             r["accuracy_at_equal_time"] = accuracy_at_equal_time(r, equal_s)
@@ -137,19 +134,23 @@ def run_step_bench(cfg: StepBenchConfig) -> dict[str, Any]:
         return result
 
 
-def add_stage_work(row: dict[str, Any], profile, shape: ModelShape, peak: float) -> None:
-    """``stage_work`` of the row (its median seconds and tokens) and of each of its seeds."""
+def add_stage_work(row: dict[str, Any], profile, shape: ModelShape) -> None:
+    """``stage_work`` of the row (its median seconds, tokens and GEMM rate) and of each of its
+    seeds (its own GEMM rate, measured right before its run)."""
     critic = shape.matmul_params - shape.head_params + shape.hidden  # the value head: hidden -> 1
     kw = {
         "params": shape.matmul_params,
-        "peak_gflops": peak,
         "critic_params": critic if not profile.critic.path else None,
         "actor_epochs": profile.actor.ppo_epochs,
         "critic_epochs": profile.critic.ppo_epochs,
     }
-    row["stage_work"] = stage_work(row["stages_s"], row["tokens_per_step"] or 0.0, **kw)
+    row["stage_work"] = stage_work(
+        row["stages_s"], row["tokens_per_step"] or 0.0, peak_gflops=row["host_matmul_gflops"], **kw
+    )
     for s in row["seeds"]:
-        s["stage_work"] = stage_work(s["stages_s"], s.get("tokens_per_step") or 0.0, **kw)
+        s["stage_work"] = stage_work(
+            s["stages_s"], s.get("tokens_per_step") or 0.0, peak_gflops=s["host_matmul_gflops"], **kw
+        )
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:

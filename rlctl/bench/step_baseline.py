@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlctl.bench.step_common import StepBenchConfig, shipped_profile, summarise_metrics
+from rlctl.bench.step_common import StepBenchConfig, host_matmul_gflops, shipped_profile, summarise_metrics
 from rlctl.errors import RunError, UserError
 
 
@@ -72,9 +72,10 @@ def baseline_args(cfg: StepBenchConfig, profile: Path, out: Path) -> list[str]:
 
 
 def run_baseline(
-    cfg: StepBenchConfig, out: Path, base_seed: int, *, sequences: int, params: int, peak: float
+    cfg: StepBenchConfig, out: Path, base_seed: int, *, sequences: int, params: int
 ) -> dict[str, list[dict[str, Any]]]:
-    """Per mode, the baseline's per-seed summaries (seed order), measured by this version."""
+    """Per mode, the baseline's per-seed summaries (seed order), measured by this version (the
+    host's GEMM rate measured right before each seed's subprocess)."""
     root = check_baseline(cfg.baseline)
     if cfg.overrides:
         raise UserError(
@@ -83,12 +84,24 @@ def run_baseline(
     out = out / "baseline"
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(root)}
+    imported = subprocess.run(
+        [sys.executable, "-c", "import rlctl; print(rlctl.__file__)"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if not imported or Path(imported).resolve() != root / "rlctl" / "__init__.py":
+        raise RunError(
+            f"baseline {root}: its python imports rlctl from {imported or 'nowhere'}, not from the checkout"
+        )
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in cfg.modes}
     for i in range(cfg.seeds):
         seed = base_seed + i
         run_out = out / f"seed{seed}"
         args = baseline_args(cfg, seed_profile(cfg, i, base_seed, out), run_out)
         log = out / f"seed{seed}.log"
+        peak = host_matmul_gflops()
         with log.open("w") as err:
             proc = subprocess.run(
                 [sys.executable, "-m", "rlctl.cli.main", "bench", "step", *args],

@@ -95,6 +95,7 @@ def summarise(
         "matmul_fraction": flops / med / (peak_gflops * 1e9) if peak_gflops else None,
         "stages_s": {k: statistics.median(v[WARMUP:] or v) for k, v in sorted((stages or {}).items())},
         "tokens_per_step": tok,
+        "host_matmul_gflops": peak_gflops,
     }
 
 

@@ -29,6 +29,7 @@ PER_SEED_KEYS = (
     "staleness_mean",
     "staleness_max",
     "settings",
+    "host_matmul_gflops",
 )
 
 
@@ -63,6 +64,7 @@ def combine_seeds(name: str, runs: list[dict[str, Any]], seeds: list[int]) -> di
         "step_gflop": _median([r["step_gflop"] for r in runs]),
         "matmul_fraction": _median([r["matmul_fraction"] for r in runs]),
         "tokens_per_step": _median([r.get("tokens_per_step") for r in runs]),
+        "host_matmul_gflops": _median([r.get("host_matmul_gflops") for r in runs]),
         "stages_s": {k: _median([r["stages_s"].get(k) for r in runs]) for k in stage_names},
     }
     if "settings" in runs[0]:  # TRL's GRPOConfig settings; each seed's (its seed) under seeds

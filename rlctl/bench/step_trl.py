@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlctl.bench.step_common import StepBenchConfig, bench_profile, summarise
+from rlctl.bench.step_common import StepBenchConfig, bench_profile, host_matmul_gflops, summarise
 from rlctl.errors import RunError
 
 
@@ -55,7 +55,7 @@ def trl_settings(profile) -> dict[str, Any]:
     }
 
 
-def run_trl(cfg: StepBenchConfig, out: Path, params: int, peak: float, seed_index: int = 0) -> dict[str, Any]:
+def run_trl(cfg: StepBenchConfig, out: Path, params: int, seed_index: int = 0) -> dict[str, Any]:
     """TRL's GRPOTrainer on the same checkpoint, rows, template, reward and shape (``run.seed`` =
     the profile's + ``seed_index``, GRPOConfig's seed the same); evaluation runs in a callback off
     the clock, through rlctl's own validation path (HF rollout engine, greedy, the same scorer).
@@ -140,6 +140,7 @@ def run_trl(cfg: StepBenchConfig, out: Path, params: int, peak: float, seed_inde
         callbacks=[Clock()],
     )
     gen = time_generation(trainer)
+    peak = host_matmul_gflops()  # right before the run, as rlctl's runs
     with contextlib.redirect_stdout(sys.stderr):  # TRL prints its summary; stdout carries --json
         trainer.train()
     if len(gen["seconds"]) != len(clock["step_s"]):

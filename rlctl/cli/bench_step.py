@@ -165,15 +165,16 @@ def stage_table(result: dict):
     from rich.table import Table
 
     table = Table(
-        title="per stage: median s / GFLOP / fraction of host matmul / floor s "
+        title="per stage: median s / GFLOP / fraction of the GEMM rate measured before the run / floor s "
         "(off-policy modes: gen/reward overlapped; trl gen = generate + score)"
     )
-    for col in ("run", "stage", "s", "GFLOP", "fraction", "floor s"):
+    for col in ("run", "GEMM GFLOP/s", "stage", "s", "GFLOP", "fraction", "floor s"):
         table.add_column(col, justify="right")
     for r in result["rows"]:
         for stage, w in r.get("stage_work", {}).items():
             table.add_row(
                 r["name"],
+                _s(r.get("host_matmul_gflops"), "{:.0f}"),
                 stage,
                 f"{w['seconds']:.4f}",
                 _s(w["gflop"], "{:.2f}"),
