@@ -14,10 +14,18 @@ the same way:
   training seconds every run reached (the shortest run's last validation).
 - **matmul fraction**: FLOP-counted work of a step (2 x matmul parameters x tokens per forward
   pass: generation 1, actor update 3, each extra log-prob pass 1) over its seconds, as a
-  fraction of this host's measured fp32 matrix multiply (``host_matmul_gflops``).
-- **per-stage seconds** (rlctl): medians of the loop's ``time/<stage>`` metrics; in the off-policy
-  modes ``gen`` and ``reward`` run on the rollout thread, overlapped, and ``wait_rollout`` is what
-  the trainer waited for them.
+  fraction of this host's measured fp32 matrix multiply (``host_matmul_gflops``, 1024^3; the rate
+  at the model's MLP shape is reported beside it).
+- **per-stage work** (every row): medians of the loop's ``time/<stage>`` metrics, each stage's
+  model FLOPs over the step's real tokens, its fraction of the host's GEMM rate measured right
+  before that run (the row's ``host_matmul_gflops``: the host's load drifts over a bench) and its
+  floor at that rate (:mod:`rlctl.bench.step_flops`); in the off-policy modes ``gen`` and ``reward`` run on the
+  rollout thread, overlapped, and ``wait_rollout`` is what the trainer waited for them. TRL's
+  step splits into ``gen`` (its generate-and-score method) and ``update_actor`` (the rest).
+- **seeds** (``--seeds k``): every row runs k times, ``run.seed`` = the profile's + 0..k-1; the
+  row holds medians over the seeds (:mod:`rlctl.bench.step_seeds`), each seed's values beside.
+- **baseline** (``--baseline DIR``): the same bench run by the rlctl checkout in DIR, rows
+  ``baseline-<mode>`` and ``<mode>_s_per_step_vs_baseline`` (:mod:`rlctl.bench.step_baseline`).
 
 TRL (optional ``bench`` extra, ``trl==1.16.0``): :func:`run_trl` states every GRPOConfig setting
 it uses; they mirror the profile (read from trl/trainer/grpo_config.py of that release).
@@ -25,69 +33,45 @@ it uses; they mirror the profile (read from trl/trainer/grpo_config.py of that r
 
 from __future__ import annotations
 
-import json
-import statistics
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from rlctl.bench.step_baseline import run_baseline
 from rlctl.bench.step_common import (
     StepBenchConfig,
-    accuracy_at,
     bench_profile,
     host_matmul_gflops,
-    matmul_params,
     shipped_profile,
-    summarise,
+    summarise_metrics,
 )
+from rlctl.bench.step_flops import ModelShape, model_shape, model_shape_gemm, stage_work
+from rlctl.bench.step_seeds import accuracy_at_equal_time, combine_seeds, equal_time
 from rlctl.bench.step_trl import run_trl
 
 
 # -- rlctl -------------------------------------------------------------------------------------------
-def run_rlctl(cfg: StepBenchConfig, mode: str, out: Path, params: int, peak: float) -> dict[str, Any]:
-    """Train ``mode`` on the profile and summarise its metrics.jsonl."""
+def run_rlctl(cfg: StepBenchConfig, mode: str, out: Path, params: int, seed_index: int = 0) -> dict[str, Any]:
+    """Train ``mode`` on the profile (seed ``seed_index``) and summarise its metrics.jsonl, the
+    host's GEMM rate measured right before the run (the host's load drifts over a bench)."""
     from rlctl.trainer.run import run_dir_for, train
 
-    profile = bench_profile(cfg, mode, out)
+    profile = bench_profile(cfg, mode, out, seed_index)
+    peak = host_matmul_gflops()
     try:
         train(profile, resume="never")
     finally:
         if profile.cluster.backend == "ray":
             _stop_ray()  # each run starts from a fresh cluster (placement groups freed, no warm caches)
-    records: dict[int, dict] = {}
-    for line in (run_dir_for(profile, None) / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        records.setdefault(r["step"], {}).update(r)
-    steps = [records[s] for s in sorted(records) if s > 0]
-    curve = [
-        (records[s].get("train_time_s", 0.0) if s > 0 else 0.0, records[s]["val/accuracy"])
-        for s in sorted(records)
-        if "val/accuracy" in records[s]
-    ]
-    stages: dict[str, list[float]] = {}
-    for r in steps:
-        for k, v in r.items():
-            if k.startswith("time/") and k not in ("time/step", "time/val"):
-                stages.setdefault(k[5:], []).append(v)
-    tokens = [r["perf/tokens_per_s"] * r["time/step"] for r in steps]
-    passes = 1 + 3 + ("old_log_prob" in stages) + ("ref" in stages)
-    row = summarise(
+    return summarise_metrics(
         mode,
-        [r["time/step"] for r in steps],
-        curve,
+        run_dir_for(profile, None) / "metrics.jsonl",
         sequences=profile.sequences_per_step,
-        tokens=tokens,
-        passes=passes,
         params=params,
         peak_gflops=peak,
         target=cfg.target,
-        stages=stages,
     )
-    if mode != "sync":
-        row["staleness_mean"] = statistics.mean(r.get("async/staleness_mean", 0.0) for r in steps)
-        row["staleness_max"] = max(r.get("async/staleness_max", 0.0) for r in steps)
-    return row
 
 
 def _stop_ray() -> None:
@@ -101,25 +85,36 @@ def _stop_ray() -> None:
 
 # -- the bench ---------------------------------------------------------------------------------------
 def run_step_bench(cfg: StepBenchConfig) -> dict[str, Any]:
-    """Every requested run, then the ratios and (with an out_dir) the PNG of the curves."""
+    """Every requested run over every seed, the baseline's, then the ratios and (with an out_dir)
+    the PNG of the curves."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(cfg.out_dir or tmp)
+        out = Path(cfg.out_dir or tmp).resolve()
         out.mkdir(parents=True, exist_ok=True)
         from rlctl.trainer.setup.models import materialize_model
 
         base = bench_profile(cfg, "sync", out)
-        params = matmul_params(materialize_model(base.model.path, out / "params-base", seed=base.run.seed))
+        shape = model_shape(materialize_model(base.model.path, out / "params-base", seed=base.run.seed))
+        params = shape.matmul_params
         peak = host_matmul_gflops()
-        rows = [run_rlctl(cfg, mode, out, params, peak) for mode in cfg.modes]
+        model_gemm = model_shape_gemm(shape)
+        seeds = [base.run.seed + i for i in range(cfg.seeds)]
+        rows = []
+        for mode in cfg.modes:
+            runs = [run_rlctl(cfg, mode, out, params, i) for i in range(cfg.seeds)]
+            rows.append(combine_seeds(mode, runs, seeds))
         if cfg.against_trl:
-            rows.append(run_trl(cfg, out, params, peak))
+            rows.append(combine_seeds("trl", [run_trl(cfg, out, params, i) for i in range(cfg.seeds)], seeds))
+        if cfg.baseline:
+            by_mode = run_baseline(cfg, out, base.run.seed, sequences=base.sequences_per_step, params=params)
+            rows += [combine_seeds(f"baseline-{m}", runs, seeds) for m, runs in by_mode.items()]
+        for r in rows:
+            add_stage_work(r, base, shape)
         equal_s = equal_time(rows)
         for r in rows:
-            r["accuracy_at_equal_time"] = accuracy_at(
-                [(p["train_s"], p["accuracy"]) for p in r["curve"]], equal_s
-            )
+            r["accuracy_at_equal_time"] = accuracy_at_equal_time(r, equal_s)
         result = {
             "config": {**asdict(cfg), "profile": str(cfg.profile or shipped_profile())},
+            "seeds": seeds,
             "equal_time_s": equal_s,
             "shape": {
                 "prompts_per_step": base.trainer.prompts_per_step,
@@ -129,6 +124,7 @@ def run_step_bench(cfg: StepBenchConfig) -> dict[str, Any]:
                 "val_prompts": cfg.val_size or base.data.val_size,
             },
             "host_matmul_gflops": peak,
+            "host_matmul_model_shape": model_gemm,
             "matmul_params": params,
             "rows": rows,
             "ratios": ratios(rows),
@@ -138,25 +134,44 @@ def run_step_bench(cfg: StepBenchConfig) -> dict[str, Any]:
         return result
 
 
-def equal_time(rows: list[dict[str, Any]]) -> float:
-    """The training seconds every run reached: the shortest run's last validation."""
-    ends = [r["curve"][-1]["train_s"] for r in rows if r["curve"]]
-    return min(ends) if ends else 0.0
+def add_stage_work(row: dict[str, Any], profile, shape: ModelShape) -> None:
+    """``stage_work`` of the row (its median seconds, tokens and GEMM rate) and of each of its
+    seeds (its own GEMM rate, measured right before its run)."""
+    critic = shape.matmul_params - shape.head_params + shape.hidden  # the value head: hidden -> 1
+    kw = {
+        "params": shape.matmul_params,
+        "critic_params": critic if not profile.critic.path else None,
+        "actor_epochs": profile.actor.ppo_epochs,
+        "critic_epochs": profile.critic.ppo_epochs,
+    }
+    row["stage_work"] = stage_work(
+        row["stages_s"], row["tokens_per_step"] or 0.0, peak_gflops=row["host_matmul_gflops"], **kw
+    )
+    for s in row["seeds"]:
+        s["stage_work"] = stage_work(
+            s["stages_s"], s.get("tokens_per_step") or 0.0, peak_gflops=s["host_matmul_gflops"], **kw
+        )
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """samples/s against sync (and against TRL) and time to sustained target against TRL."""
+    """samples/s against sync (and against TRL), time to sustained target against them, and each
+    mode's s/step against the baseline's same mode."""
     by = {r["name"]: r for r in rows}
+    ours = [r for r in rows if not r["name"].startswith("baseline-")]
     out: dict[str, float] = {}
     for ref in ("sync", "trl"):
         if ref not in by:
             continue
-        for r in rows:
+        for r in ours:
             if r["name"] != ref:
                 out[f"{r['name']}_samples_per_s_vs_{ref}"] = r["samples_per_s"] / by[ref]["samples_per_s"]
                 a, b = r["time_to_sustained_s"], by[ref]["time_to_sustained_s"]
                 if a is not None and b:
                     out[f"{r['name']}_time_to_sustained_vs_{ref}"] = a / b
+    for r in ours:
+        base = by.get(f"baseline-{r['name']}")
+        if base is not None:
+            out[f"{r['name']}_s_per_step_vs_baseline"] = r["s_per_step"] / base["s_per_step"]
     return out
 
 
@@ -170,10 +185,12 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, target: float) -> str | 
     except ImportError:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    for r in rows:
-        xs = [p["train_s"] for p in r["curve"]]
-        ys = [p["accuracy"] for p in r["curve"]]
-        ax.plot(xs, ys, marker="o", label=f"{r['name']} ({r['s_per_step']:.3f} s/step)")
+    for i, r in enumerate(rows):
+        for j, seed in enumerate(r["seeds"]):  # every seed's curve, one colour per row
+            xs = [p["train_s"] for p in seed["curve"]]
+            ys = [p["accuracy"] for p in seed["curve"]]
+            label = f"{r['name']} ({r['s_per_step']:.3f} s/step)" if j == 0 else None
+            ax.plot(xs, ys, marker="o", color=f"C{i}", alpha=1.0 if j == 0 else 0.5, label=label)
     ax.axhline(target, color="grey", linestyle="--", linewidth=0.8)
     ax.set_xlabel("training seconds (evaluation excluded)")
     ax.set_ylabel("held-out greedy accuracy")

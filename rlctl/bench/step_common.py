@@ -1,16 +1,16 @@
 """What every row of ``rlctl bench step`` shares: its config, the profile each run trains, the
 host's measured fp32 matmul rate, and the arithmetic of the report (time to sustained target,
-accuracy at equal time, the per-run summary)."""
+accuracy at equal time, the per-run summary, a run's metrics.jsonl read into one)."""
 
 from __future__ import annotations
 
+import json
 import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
+from rlctl.bench.step_flops import gemm_gflops
 
 WARMUP = 3
 SUSTAIN = 3
@@ -34,6 +34,8 @@ class StepBenchConfig:
     val_size: int | None = None
     backend: str | None = None
     max_staleness: int = 1
+    seeds: int = 1  # every row runs with run.seed = the profile's seed + 0 .. seeds-1
+    baseline: str = ""  # a checkout of another rlctl version whose rows run alongside (step_baseline)
     target: float = 0.8
     out_dir: str = ""  # runs and the PNG; empty: a temporary directory (the PNG is then dropped)
     overrides: tuple[str, ...] = field(default_factory=tuple)
@@ -41,28 +43,9 @@ class StepBenchConfig:
 
 # -- measurements ------------------------------------------------------------------------------------
 def host_matmul_gflops(size: int = 1024, repeats: int = 5) -> float:
-    """Best fp32 ``torch.mm`` throughput of this host with the current thread count (GFLOP/s)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
-
-
-def matmul_params(model_path: str) -> int:
-    """Parameters that take part in a matrix multiply per token: all but the input embedding table
-    (a lookup), which counts once as the LM head when the two are tied."""
-    from rlctl.engines.hf_model import load_causal_lm
-
-    model = load_causal_lm(model_path, dtype="float32")
-    total = sum(p.numel() for p in model.parameters())
-    embed = model.get_input_embeddings().weight
-    head = model.get_output_embeddings()
-    tied = head is not None and head.weight is embed
-    return total if tied else total - embed.numel()
+    """Best fp32 ``torch.mm`` throughput of this host at ``size``^3 with the current thread count
+    (GFLOP/s): the headline rate every fraction of the report is of."""
+    return gemm_gflops(size, size, size, repeats)
 
 
 def sustained_time(curve: list[tuple[float, float]], target: float) -> float | None:
@@ -111,10 +94,52 @@ def summarise(
         "step_gflop": flops / 1e9,
         "matmul_fraction": flops / med / (peak_gflops * 1e9) if peak_gflops else None,
         "stages_s": {k: statistics.median(v[WARMUP:] or v) for k, v in sorted((stages or {}).items())},
+        "tokens_per_step": tok,
+        "host_matmul_gflops": peak_gflops,
     }
 
 
-def bench_profile(cfg: StepBenchConfig, mode: str, out: Path):
+def summarise_metrics(
+    name: str, metrics_path: Path, *, sequences: int, params: int, peak_gflops: float, target: float
+) -> dict[str, Any]:
+    """One run's metrics.jsonl as a :func:`summarise` row. Tokens of a step are the real
+    (unpadded) prompt + response tokens the loop counted: ``perf/tokens_per_s`` x ``time/step``."""
+    records: dict[int, dict] = {}
+    for line in metrics_path.read_text().splitlines():
+        r = json.loads(line)
+        records.setdefault(r["step"], {}).update(r)
+    steps = [records[s] for s in sorted(records) if s > 0]
+    curve = [
+        (records[s].get("train_time_s", 0.0) if s > 0 else 0.0, records[s]["val/accuracy"])
+        for s in sorted(records)
+        if "val/accuracy" in records[s]
+    ]
+    stages: dict[str, list[float]] = {}
+    for r in steps:
+        for k, v in r.items():
+            if k.startswith("time/") and k not in ("time/step", "time/val"):
+                stages.setdefault(k[5:], []).append(v)
+    row = summarise(
+        name,
+        [r["time/step"] for r in steps],
+        curve,
+        sequences=sequences,
+        tokens=[r["perf/tokens_per_s"] * r["time/step"] for r in steps],
+        passes=1 + 3 + ("old_log_prob" in stages) + ("ref" in stages),
+        params=params,
+        peak_gflops=peak_gflops,
+        target=target,
+        stages=stages,
+    )
+    if any("async/staleness_mean" in r for r in steps):
+        row["staleness_mean"] = statistics.mean(r.get("async/staleness_mean", 0.0) for r in steps)
+        row["staleness_max"] = max(r.get("async/staleness_max", 0.0) for r in steps)
+    return row
+
+
+def bench_profile(cfg: StepBenchConfig, mode: str, out: Path, seed_index: int = 0):
+    """The profile a run trains: ``cfg``'s shape on top of the profile file, ``run.seed`` the
+    file's seed + ``seed_index``."""
     from rlctl.profile import load_profile
 
     sets = [
@@ -138,4 +163,9 @@ def bench_profile(cfg: StepBenchConfig, mode: str, out: Path):
     ):
         if value is not None:
             sets.append(f"{key}={value}")
-    return load_profile(cfg.profile or shipped_profile(), [*sets, *cfg.overrides])
+    profile = load_profile(cfg.profile or shipped_profile(), [*sets, *cfg.overrides])
+    if seed_index:
+        seed = profile.run.seed + seed_index
+        sets += [f"run.seed={seed}", f"run.name=rlctl-{mode}-seed{seed}"]
+        profile = load_profile(cfg.profile or shipped_profile(), [*sets, *cfg.overrides])
+    return profile

@@ -1,4 +1,5 @@
-"""``rlctl bench step``: rlctl's sync / one_step_off / async steps (and TRL's) side by side, one run."""
+"""``rlctl bench step``: rlctl's sync / one_step_off / async steps (and TRL's, and another rlctl
+version's) side by side in one invocation, over one or more seeds."""
 
 from __future__ import annotations
 
@@ -21,6 +22,19 @@ MODES = ("sync", "one_step_off", "async")
 @click.option("--val-size", type=click.IntRange(1), default=None, help="Validation prompts.")
 @click.option("--backend", type=click.Choice(["ray", "inprocess"]), default=None)
 @click.option("--max-staleness", default=1, show_default=True, type=click.IntRange(0))
+@click.option(
+    "--seeds",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Runs per row (run.seed + 0..k-1); medians.",
+)
+@click.option(
+    "--baseline",
+    default="",
+    metavar="DIR",
+    help="An rlctl checkout whose bench runs alongside (rows baseline-<mode>).",
+)
 @click.option("--out", "out_dir", default="", help="Keep runs and write bench_step.png here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def command(
@@ -35,16 +49,24 @@ def command(
     val_size: int | None,
     backend: str | None,
     max_staleness: int,
+    seeds: int,
+    baseline: str,
     out_dir: str,
     as_json: bool,
 ) -> None:
-    """s/step, samples/s, accuracy over training seconds, time to sustained 80%, matmul fraction."""
+    """s/step, samples/s, accuracy over training seconds, time to sustained 80% (medians over
+    --seeds), and per stage: seconds, model FLOPs, fraction of the host's measured matmul rate and
+    the floor at that rate. --baseline DIR runs the same bench with the rlctl checkout in DIR
+    (e.g. `git worktree add /tmp/rlctl-prev <commit>`) and reports <mode>_s_per_step_vs_baseline."""
     from rlctl.bench.step import StepBenchConfig, run_step_bench
+    from rlctl.bench.step_baseline import check_baseline
 
     chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
     bad = [m for m in chosen if m not in MODES]
     if bad or not chosen:
         raise click.BadParameter(f"--modes takes {', '.join(MODES)}; got {modes!r}")
+    if baseline:
+        check_baseline(baseline)
     if against == "trl":
         try:
             import trl  # noqa: F401
@@ -62,6 +84,8 @@ def command(
         val_size=val_size,
         backend=backend,
         max_staleness=max_staleness,
+        seeds=seeds,
+        baseline=baseline,
         out_dir=out_dir,
     )
     result = run_step_bench(cfg)
@@ -80,10 +104,18 @@ def render(result: dict) -> None:
     from rich.table import Table
 
     shape = result["shape"]
+    model_gemm = result.get("host_matmul_model_shape") or {}
+    at_model = (
+        f", {model_gemm['gflops']:.0f} at [{model_gemm['m']}x{model_gemm['k']}]@[{model_gemm['k']}x{model_gemm['n']}]"
+        if model_gemm
+        else ""
+    )
+    seeds = result.get("seeds", [])
     table = Table(
         title=(
             f"bench step: {shape['prompts_per_step']} prompts x {shape['n']}, lr {shape['lr']:g}, "
-            f"{shape['val_prompts']} held-out prompts; host fp32 matmul {result['host_matmul_gflops']:.0f} GFLOP/s"
+            f"{shape['val_prompts']} held-out prompts, {len(seeds)} seed(s) (medians); "
+            f"host fp32 matmul {result['host_matmul_gflops']:.0f} GFLOP/s (1024^3){at_model}"
         )
     )
     equal = result.get("equal_time_s", 0.0)
@@ -95,6 +127,7 @@ def render(result: dict) -> None:
         "final acc",
         f"acc at {equal:.0f} s",
         "to 80% s",
+        "reached",
         "matmul frac",
         "staleness",
     )
@@ -110,22 +143,42 @@ def render(result: dict) -> None:
             _s(r["final_accuracy"], "{:.3f}"),
             _s(r.get("accuracy_at_equal_time"), "{:.3f}"),
             _s(r["time_to_sustained_s"]),
+            r.get("reached", "-"),
             _s(r["matmul_fraction"], "{:.3f}"),
             _s(r.get("staleness_mean"), "{:.2f}"),
         )
     console = Console()
     console.print(table)
-    stages = Table(title="per-stage median seconds (off-policy modes: gen/reward overlapped)")
-    names = sorted({k for r in result["rows"] for k in r["stages_s"]})
-    stages.add_column("run")
-    for k in names:
-        stages.add_column(k, justify="right")
-    for r in result["rows"]:
-        if r["stages_s"]:
-            stages.add_row(r["name"], *(_s(r["stages_s"].get(k), "{:.4f}") for k in names))
-    console.print(stages)
+    console.print(stage_table(result))
+    for name, value in result.get("ratios", {}).items():
+        if name.endswith("_vs_baseline"):
+            console.print(f"{name}: {value:.3f}")
     for r in result["rows"]:
         curve = ", ".join(f"{p['accuracy']:.0%} at {p['train_s']:.0f} s" for p in r["curve"])
-        console.print(f"{r['name']}: {curve}")
+        console.print(f"{r['name']} (seed {r.get('curve_seed', '-')}): {curve}")
     if result.get("png"):
         console.print(f"curves: {result['png']}")
+
+
+def stage_table(result: dict):
+    """Per row and stage: median seconds, model GFLOP, fraction of the host's matmul rate, floor."""
+    from rich.table import Table
+
+    table = Table(
+        title="per stage: median s / GFLOP / fraction of the GEMM rate measured before the run / floor s "
+        "(off-policy modes: gen/reward overlapped; trl gen = generate + score)"
+    )
+    for col in ("run", "GEMM GFLOP/s", "stage", "s", "GFLOP", "fraction", "floor s"):
+        table.add_column(col, justify="right")
+    for r in result["rows"]:
+        for stage, w in r.get("stage_work", {}).items():
+            table.add_row(
+                r["name"],
+                _s(r.get("host_matmul_gflops"), "{:.0f}"),
+                stage,
+                f"{w['seconds']:.4f}",
+                _s(w["gflop"], "{:.2f}"),
+                _s(w["fraction"], "{:.3f}"),
+                _s(w["floor_s"], "{:.4f}"),
+            )
+    return table

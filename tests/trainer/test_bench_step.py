@@ -87,11 +87,22 @@ def test_bench_step_refuses_unknown_modes():
 @pytest.mark.timeout(300)
 def test_bench_step_against_trl_runs_trl_on_the_same_shape(tmp_path):
     pytest.importorskip("trl", reason="--against trl needs the bench extra (trl==1.16.0)")
-    code, out, err = run_cli("bench", "step", *TINY, "--modes", "sync", "--against", "trl", "--json")
+    code, out, err = run_cli(
+        "bench", "step", *TINY, "--modes", "sync", "--against", "trl", "--seeds", "2", "--json"
+    )
     assert code == 0, err
-    rows = {r["name"]: r for r in json.loads(out)["rows"]}
+    result = json.loads(out)
+    rows = {r["name"]: r for r in result["rows"]}
     assert set(rows) == {"sync", "trl"}
     trl = rows["trl"]
     assert trl["steps"] == 2 and len(trl["curve"]) == 3
     assert trl["settings"]["per_device_train_batch_size"] == 4 and trl["settings"]["num_generations"] == 2
     assert trl["settings"]["learning_rate"] == 2e-4 and trl["settings"]["max_completion_length"] == 4
+    assert trl["settings"]["gradient_checkpointing"] is False  # the profile's actor; TRL's default is True
+    assert [s["settings"]["seed"] for s in trl["seeds"]] == [1, 2]  # GRPOConfig's seed follows run.seed
+    # the step split at TRL's generate-and-score method: generation + update = the step, per step
+    for seed in trl["seeds"]:
+        assert set(seed["stages_s"]) == {"gen", "update_actor"} and seed["tokens_per_step"] > 4 * 4
+    work = trl["stage_work"]
+    assert work["update_actor"]["gflop"] == pytest.approx(3 * work["gen"]["gflop"])
+    assert work["gen"]["gflop"] == pytest.approx(2 * result["matmul_params"] * trl["tokens_per_step"] / 1e9)
