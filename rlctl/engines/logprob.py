@@ -69,7 +69,7 @@ def _chunk_log_softmax(part: torch.Tensor, temperature: float, dtype: torch.dtyp
     """``log_softmax(part / T)`` in ``dtype``, with the same operations as :func:`scaled_log_softmax`."""
     scaled = part.to(dtype)
     if temperature != 1.0:
-        scaled = scaled / temperature
+        scaled = scaled.div_(temperature) if scaled is not part else scaled / temperature
     return torch.log_softmax(scaled, dim=-1)
 
 
@@ -111,22 +111,31 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
         flat_grad = grad.view(-1, logits.shape[-1])
         g_picked = None if grad_picked is None else grad_picked.reshape(-1).to(dtype)
         g_entropy = None if grad_entropy is None else grad_entropy.reshape(-1).to(dtype)
+        direct = logits.dtype == dtype  # write each chunk's gradient straight into ``grad``
         for offset, part in _chunks(logits, ctx.chunk_tokens):
             end = offset + part.shape[0]
             logp = _chunk_log_softmax(part, temperature, dtype)
-            # d/dz of picked = onehot - p; of H = -sum p log p: -p (log p + H), z = logits / T
+            probs = logp.exp()
+            # z = logits / T. d picked / dz = onehot - p; d H / dz = -p (log p + H) for
+            # H = -sum p log p. So dL/dlogits = -(p / T) (gH (log p + H) + gP) + onehot gP / T,
+            # the per-row factors folded first so the (rows, V) work is one mul_, add_ and mul.
             if g_entropy is None:
-                weight = g_picked[offset:end, None]
+                logp = g_picked[offset:end, None] * (-1.0 / temperature)
             else:
-                weight = (logp + entropy[offset:end, None]) * g_entropy[offset:end, None]
+                scale = g_entropy[offset:end, None] * (-1.0 / temperature)
+                shift = entropy[offset:end, None] * scale
                 if g_picked is not None:
-                    weight = weight + g_picked[offset:end, None]
-            chunk_grad = logp.exp_().mul_(weight).neg_()
+                    shift = shift - g_picked[offset:end, None] / temperature
+                logp.mul_(scale).add_(shift)
+            target = flat_grad[offset:end]
+            if direct:
+                torch.mul(probs, logp, out=target)
+            else:
+                target.copy_(probs.mul_(logp))
             if g_picked is not None:
-                chunk_grad.scatter_add_(-1, flat_tokens[offset:end, None], g_picked[offset:end, None])
-            if temperature != 1.0:
-                chunk_grad.div_(temperature)
-            flat_grad[offset:end] = chunk_grad
+                index = flat_tokens[offset:end, None]
+                picked_grad = (g_picked[offset:end, None] / temperature).to(target.dtype)
+                target.scatter_add_(-1, index, picked_grad)
         return grad, None, None, None, None
 
 
