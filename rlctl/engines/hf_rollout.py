@@ -139,6 +139,10 @@ class HFRolloutEngine:
         ``greedy`` takes the argmax (log-probs still use ``temperature``). ``eos_token_id=None``
         never stops early. ``seed`` seeds a generator on the engine's device (``None``: unseeded);
         the same seed gives the same samples on the same device. Returns CPU tensors.
+
+        Finished rows leave the decode batch (their KV-cache rows dropped) once a ``DROP_FRACTION``
+        share of the running rows has finished; every step still draws one uniform per row of the
+        whole batch, so the samples are the same as when every row runs to the end.
         """
         if self.asleep:
             raise RunError("HF rollout engine is asleep; call wake() before generate()")
