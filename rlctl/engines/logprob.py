@@ -153,7 +153,9 @@ def token_log_probs(
     """Log-prob of ``tokens`` (..., ) under ``logits`` (..., V) scaled by ``temperature``, fp32
     (float64 for float64 logits); ``chunk_tokens`` tokens at a time (default: about 1M logits)."""
     _check_temperature(temperature)
-    picked, _ = _ChunkedTokenLogProbs.apply(logits, tokens, temperature, _chunk_size(logits, chunk_tokens), False)
+    picked, _ = _ChunkedTokenLogProbs.apply(
+        logits, tokens, temperature, _chunk_size(logits, chunk_tokens), False
+    )
     return picked
 
 

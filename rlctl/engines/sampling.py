@@ -60,6 +60,8 @@ def sample_tokens(
     return torch.searchsorted(cdf, x, right=True).squeeze(-1)
 
 
-def draw_uniforms(shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
+def draw_uniforms(
+    shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None
+) -> torch.Tensor:
     """The float64 uniforms :func:`sample_tokens` draws: ``(rows, 1)`` for (rows, V) logits."""
     return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)

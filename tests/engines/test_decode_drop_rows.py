@@ -48,10 +48,21 @@ def _assert_same(got, want):
 
 CASES = {
     "sampled-n3": dict(n=3, temperature=0.7, seed=5, eos_token_id=[EOS, *range(5, 20)], max_new_tokens=12),
-    "sampled-topk-topp": dict(n=2, temperature=1.3, top_k=20, top_p=0.9, seed=1, eos_token_id=[EOS, *range(5, 25)],
-                              max_new_tokens=12),
-    "greedy-n2": dict(n=2, greedy=True, temperature=0.7, eos_token_id=[EOS, *range(5, 30)], max_new_tokens=12),
-    "all-finish-early": dict(n=2, temperature=1.0, seed=2, eos_token_id=list(range(1, 60)), max_new_tokens=12),
+    "sampled-topk-topp": dict(
+        n=2,
+        temperature=1.3,
+        top_k=20,
+        top_p=0.9,
+        seed=1,
+        eos_token_id=[EOS, *range(5, 25)],
+        max_new_tokens=12,
+    ),
+    "greedy-n2": dict(
+        n=2, greedy=True, temperature=0.7, eos_token_id=[EOS, *range(5, 30)], max_new_tokens=12
+    ),
+    "all-finish-early": dict(
+        n=2, temperature=1.0, seed=2, eos_token_id=list(range(1, 60)), max_new_tokens=12
+    ),
 }
 
 
@@ -83,5 +94,15 @@ def test_rows_leave_once_a_quarter_of_the_running_rows_finished(engine, monkeypa
 
 def test_same_samples_whether_or_not_rows_leave_for_many_seeds(engine, monkeypatch):
     for seed in range(6):
-        kw = dict(n=4, temperature=0.9, seed=seed, eos_token_id=[EOS, *range(5, 15)], max_new_tokens=10, prompt_seed=seed)
-        _assert_same(_generate(engine, monkeypatch, 0.0, **kw)[0], _generate(engine, monkeypatch, float("inf"), **kw)[0])
+        kw = dict(
+            n=4,
+            temperature=0.9,
+            seed=seed,
+            eos_token_id=[EOS, *range(5, 15)],
+            max_new_tokens=10,
+            prompt_seed=seed,
+        )
+        _assert_same(
+            _generate(engine, monkeypatch, 0.0, **kw)[0],
+            _generate(engine, monkeypatch, float("inf"), **kw)[0],
+        )

@@ -68,7 +68,9 @@ def test_float32_values_and_gradients_match_the_plain_formulas(temperature):
     (token_log_probs(picked_only, tokens, temperature) * weights[0].float()).sum().backward()
     ref_only = logits.clone().requires_grad_(True)
     (reference(ref_only, tokens, temperature)[0] * weights[0].float()).sum().backward()
-    assert torch.allclose(picked_only.grad, ref_only.grad, rtol=1e-5, atol=1e-5 * ref_only.grad.abs().max().item())
+    assert torch.allclose(
+        picked_only.grad, ref_only.grad, rtol=1e-5, atol=1e-5 * ref_only.grad.abs().max().item()
+    )
 
 
 def test_unused_entropy_contributes_no_gradient():
@@ -83,11 +85,15 @@ def test_unused_entropy_contributes_no_gradient():
 
 def test_bfloat16_logits_give_float32_values_and_a_bfloat16_gradient():
     logits, tokens, weights = _case((2, 5, 300), dtype=torch.bfloat16)
-    picked, entropy, grad = _loss_grads(token_log_probs_and_entropy, logits, tokens, weights, 0.7, chunk_tokens=3)
+    picked, entropy, grad = _loss_grads(
+        token_log_probs_and_entropy, logits, tokens, weights, 0.7, chunk_tokens=3
+    )
     want_picked, want_entropy, want_grad = _loss_grads(reference, logits, tokens, weights, 0.7)
     assert picked.dtype == entropy.dtype == torch.float32 and grad.dtype == torch.bfloat16
     assert torch.allclose(picked, want_picked, atol=1e-5) and torch.allclose(entropy, want_entropy, atol=1e-5)
-    assert torch.allclose(grad.float(), want_grad.float(), rtol=1e-2, atol=1e-2 * want_grad.abs().max().item())
+    assert torch.allclose(
+        grad.float(), want_grad.float(), rtol=1e-2, atol=1e-2 * want_grad.abs().max().item()
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -99,7 +105,9 @@ def test_bfloat16_logits_give_float32_values_and_a_bfloat16_gradient():
     st.booleans(),
     st.integers(0, 2**16),
 )
-def test_any_shape_temperature_and_chunk_agree_with_the_plain_formulas(lead, vocab, temperature, chunk, slice_it, seed):
+def test_any_shape_temperature_and_chunk_agree_with_the_plain_formulas(
+    lead, vocab, temperature, chunk, slice_it, seed
+):
     shape = (*lead, vocab)
     logits, tokens, weights = _case(shape, seed=seed)
     if slice_it and len(lead) >= 2 and lead[1] >= 2:  # a non-viewable slice along dim 1
