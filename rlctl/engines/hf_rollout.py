@@ -169,7 +169,9 @@ class HFRolloutEngine:
         next_pos = pmask.sum(-1, keepdim=True)
 
         logits, cache = self._prefill(prompts, pmask)
-        run = torch.arange(bsz, device=dev)  # the full-batch row of each row the model still runs
+        # the rows the model still runs: all of them (a slice: views, no index copies) until the
+        # first drop, then their full-batch indices
+        run: slice | torch.Tensor = slice(None)
         # not under a dynamic rope: its frequencies follow the longest position in the batch
         can_drop = not self._rope_by_length and cache_rows_selectable(cache)
         for t in range(max_new_tokens):
@@ -191,12 +193,12 @@ class HFRolloutEngine:
             n_alive = int(alive.sum())
             if n_alive == 0:
                 break
-            if can_drop and (run.numel() - n_alive) >= DROP_FRACTION * run.numel():
+            if can_drop and (tok.shape[0] - n_alive) >= DROP_FRACTION * tok.shape[0]:
                 keep = alive.nonzero().squeeze(1)
                 # DynamicCache.batch_select_indices (transformers 5.x cache_utils.py: each
                 # DynamicLayer keeps keys[indices, ...] / values[indices, ...]): a copy of the cache
                 repeat_cache_rows(cache, keep)
-                run, tok = run[keep], tok[keep]
+                run, tok = (keep if isinstance(run, slice) else run[keep]), tok[keep]
             logits, cache = self._step(tok[:, None], mask[run, : plen + t + 1], next_pos[run] + t, cache)
 
         out = {
