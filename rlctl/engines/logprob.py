@@ -128,14 +128,12 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
                     shift = shift - g_picked[offset:end, None] / temperature
                 logp.mul_(scale).add_(shift)
             target = flat_grad[offset:end]
-            if direct:
-                torch.mul(probs, logp, out=target)
-            else:
-                target.copy_(probs.mul_(logp))
+            chunk_grad = torch.mul(probs, logp, out=target) if direct else probs.mul_(logp)
             if g_picked is not None:
                 index = flat_tokens[offset:end, None]
-                picked_grad = (g_picked[offset:end, None] / temperature).to(target.dtype)
-                target.scatter_add_(-1, index, picked_grad)
+                chunk_grad.scatter_add_(-1, index, g_picked[offset:end, None] / temperature)
+            if not direct:  # one rounding to the logits' dtype, after the whole sum
+                target.copy_(chunk_grad)
         return grad, None, None, None, None
 
 
