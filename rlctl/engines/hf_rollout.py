@@ -23,10 +23,19 @@ from rlctl.engines.fingerprint import fingerprint_views
 from rlctl.engines.hf_model import cache_kwarg, load_causal_lm, output_cache, supports_logits_to_keep
 from rlctl.engines.logprob import position_ids_from_mask, scaled_log_softmax, token_log_probs
 from rlctl.engines.lora import LoraSpec, inject
-from rlctl.engines.prefix import length_dependent_rope, prompt_groups, repeat_cache_rows
+from rlctl.engines.prefix import (
+    cache_rows_selectable,
+    length_dependent_rope,
+    prompt_groups,
+    repeat_cache_rows,
+)
 from rlctl.engines.registry import register_engine
-from rlctl.engines.sampling import sample_tokens
+from rlctl.engines.sampling import draw_uniforms, sample_tokens
 from rlctl.errors import RunError, UserError
+
+DROP_FRACTION = 0.25
+"""Decode stops running finished rows once this share of the rows it runs has finished since the
+last drop: dropping copies the KV cache, so it waits until the rows saved pay for the copy."""
 
 
 def _accel(device: torch.device):
@@ -130,6 +139,10 @@ class HFRolloutEngine:
         ``greedy`` takes the argmax (log-probs still use ``temperature``). ``eos_token_id=None``
         never stops early. ``seed`` seeds a generator on the engine's device (``None``: unseeded);
         the same seed gives the same samples on the same device. Returns CPU tensors.
+
+        Finished rows leave the decode batch (their KV-cache rows dropped) once a ``DROP_FRACTION``
+        share of the running rows has finished; every step still draws one uniform per row of the
+        whole batch, so the samples are the same as when every row runs to the end.
         """
         if self.asleep:
             raise RunError("HF rollout engine is asleep; call wake() before generate()")
@@ -156,19 +169,37 @@ class HFRolloutEngine:
         next_pos = pmask.sum(-1, keepdim=True)
 
         logits, cache = self._prefill(prompts, pmask)
+        # the rows the model still runs: all of them (a slice: views, no index copies) until the
+        # first drop, then their full-batch indices
+        run: slice | torch.Tensor = slice(None)
+        # not under a dynamic rope: its frequencies follow the longest position in the batch
+        can_drop = not self._rope_by_length and cache_rows_selectable(cache)
         for t in range(max_new_tokens):
             logp = scaled_log_softmax(logits, temperature)
-            tok = sample_tokens(logp, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)
-            alive = ~finished
+            # one draw for the whole batch every step, as when no row is dropped: the samples
+            # depend on the seed alone, not on which rows finished when
+            uniforms = None if greedy else draw_uniforms((bsz, 1), dev, generator)[run]
+            tok = sample_tokens(logp, top_k=top_k, top_p=top_p, greedy=greedy, uniforms=uniforms)
+            alive = ~finished[run]
             tok = torch.where(alive, tok, torch.full_like(tok, pad_token_id))
-            responses[:, t] = tok
-            log_probs[:, t] = torch.where(alive, logp.gather(-1, tok[:, None]).squeeze(-1), 0.0)
-            mask[:, plen + t] = alive.long()
+            responses[run, t] = tok
+            log_probs[run, t] = torch.where(alive, logp.gather(-1, tok[:, None]).squeeze(-1), 0.0)
+            mask[run, plen + t] = alive.long()
             if eos.numel():
-                finished = finished | torch.isin(tok, eos)
-            if t == max_new_tokens - 1 or bool(finished.all()):
+                finished[run] = ~alive | torch.isin(tok, eos)
+            if t == max_new_tokens - 1:
                 break
-            logits, cache = self._step(tok[:, None], mask[:, : plen + t + 1], next_pos + t, cache)
+            alive = ~finished[run]
+            n_alive = int(alive.sum())
+            if n_alive == 0:
+                break
+            if can_drop and (tok.shape[0] - n_alive) >= DROP_FRACTION * tok.shape[0]:
+                keep = alive.nonzero().squeeze(1)
+                # DynamicCache.batch_select_indices (transformers 5.x cache_utils.py: each
+                # DynamicLayer keeps keys[indices, ...] / values[indices, ...]): a copy of the cache
+                repeat_cache_rows(cache, keep)
+                run, tok = (keep if isinstance(run, slice) else run[keep]), tok[keep]
+            logits, cache = self._step(tok[:, None], mask[run, : plen + t + 1], next_pos[run] + t, cache)
 
         out = {
             "prompts": prompts,

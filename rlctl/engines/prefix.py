@@ -95,6 +95,19 @@ def repeat_cache_rows(cache, index: torch.Tensor) -> bool:
     return True
 
 
+def cache_rows_selectable(cache) -> bool:
+    """Whether every layer of ``cache`` holds its batch in keys/values alone, so that
+    ``batch_select_indices`` keeps exactly the chosen rows: transformers 5.x ``DynamicLayer`` and
+    ``DynamicSlidingWindowLayer`` (cache_utils.py). Linear-attention, quantized and static layers
+    hold other per-row state that method leaves behind, or lack it."""
+    if getattr(cache, "batch_select_indices", None) is None:
+        return False
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
+
+
 def shared_prefix_logits(
     model: nn.Module,
     input_ids: torch.Tensor,

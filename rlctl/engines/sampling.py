@@ -37,9 +37,13 @@ def sample_tokens(
     top_p: float = 1.0,
     greedy: bool = False,
     generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token per row of temperature-scaled logits (B, V): argmax if ``greedy``, else an exact
-    draw from ``softmax`` of the top-k/top-p-filtered logits (reproducible under ``generator``)."""
+    draw from ``softmax`` of the top-k/top-p-filtered logits (reproducible under ``generator``).
+
+    ``uniforms`` (B, 1) float64 in [0, 1), when given, replaces the draw from ``generator``: a
+    caller that runs a subset of its rows passes those rows' share of one full-batch draw."""
     if greedy:
         return scaled_logits.argmax(dim=-1)
     scores = filter_top_k_top_p(scaled_logits, top_k, top_p)
@@ -51,6 +55,13 @@ def sample_tokens(
     # A right-side search never lands on a zero-probability (filtered) token: its interval is empty.
     cdf = probs.cumsum(dim=-1, dtype=torch.float64)
     total = cdf[..., -1:]
-    u = torch.rand(total.shape, generator=generator, device=cdf.device, dtype=torch.float64)
+    u = uniforms if uniforms is not None else draw_uniforms(total.shape, cdf.device, generator)
     x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # strictly below
     return torch.searchsorted(cdf, x, right=True).squeeze(-1)
+
+
+def draw_uniforms(
+    shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None
+) -> torch.Tensor:
+    """The float64 uniforms :func:`sample_tokens` draws: ``(rows, 1)`` for (rows, V) logits."""
+    return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)

@@ -91,13 +91,14 @@ def test_same_seed_same_samples_other_seed_differs(models, device):
 
 def test_draws_use_one_generator_on_the_engine_device(models, device, monkeypatch):
     seen = []
-    real = hf_rollout.sample_tokens
+    real = hf_rollout.draw_uniforms
 
-    def spy(logits, **kw):
-        seen.append((kw["generator"], logits.device))
-        return real(logits, **kw)
+    def spy(shape, device, generator):
+        uniforms = real(shape, device, generator)
+        seen.append((generator, uniforms.device))
+        return uniforms
 
-    monkeypatch.setattr(hf_rollout, "sample_tokens", spy)
+    monkeypatch.setattr(hf_rollout, "draw_uniforms", spy)
     engine = HFRolloutEngine(models[0], device=device)
     _gen(engine, seed=5, max_new_tokens=4, eos_token_id=None)
     assert len(seen) == 4 and len({id(g) for g, _ in seen}) == 1  # one generator for the whole call
