@@ -205,8 +205,12 @@ class FSDPTrainEngine:
             return None
         plen = inputs["input_ids"].shape[1] - resp_len
         groups = prompt_groups(inputs["input_ids"][:, :plen], inputs["attention_mask"][:, :plen])
+        padded = bool((inputs["attention_mask"][:, plen:] == 0).any())
+        # only where it removes work: a shared prompt or response padding (else the rows as given
+        # keep the causal kernels, e.g. the one-row sync canary on the rollout engine's own path)
+        worth = plen > 0 and (groups is not None or padded)
         groups = groups or PrefixGroups.each_row(len(inputs["input_ids"]), self.device)
-        packed = pack(**inputs, response_length=resp_len, groups=groups) if plen > 0 else None
+        packed = pack(**inputs, response_length=resp_len, groups=groups) if worth else None
         if self.distributed:  # every forward is a collective: one path for every rank
             ok = torch.tensor([int(packed is not None)], device=self.device)
             dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self._group())

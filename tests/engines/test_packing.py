@@ -148,3 +148,19 @@ def test_only_sdpa_attention_is_packed(model_dir):
     assert can_pack(load_causal_lm(model_dir, attn_implementation="sdpa"))
     assert not can_pack(load_causal_lm(model_dir, attn_implementation="eager"))
     assert not FSDPTrainEngine(model_dir, attn_implementation="eager").pack
+
+
+def test_rows_with_nothing_to_remove_keep_the_plain_forward(model_dir):
+    """No shared prompt and no response padding: packing would only swap the causal kernel for a
+    masked one (the sync canary's one row compares with the rollout engine's causal forward)."""
+    from rlctl.trainer.state.canary import canary_batch
+
+    engine = FSDPTrainEngine(model_dir)
+    seen: list[object] = []
+    handle = engine.model.register_forward_pre_hook(
+        lambda mod, args, kwargs: seen.append(kwargs["attention_mask"].dim()), with_kwargs=True
+    )
+    engine.compute_log_prob(canary_batch(list(range(3, 19))))
+    engine.compute_log_prob(make_grouped_batch(2, n=2, resp_len=3, seed=1))
+    handle.remove()
+    assert seen == [2, 4]  # the canary as given; a grouped batch packed (4-D mask)

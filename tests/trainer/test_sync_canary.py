@@ -201,3 +201,26 @@ def test_healthy_one_step_off_run_logs_the_rollout_workers_canary_every_step(wri
         assert s["sync/canary_ok"] == 1.0
         assert 0 <= s["sync/canary_gap_mean"] < s["sync/canary_limit"] < 1e-3  # fp32 on both sides
         assert 0 < s["sync/canary_s"] < s["time/step"]
+
+
+def test_the_limit_grows_with_the_logit_spread_of_a_trained_model():
+    """bfloat16 on both sides (an H200's built-in run drifted to a 0.2-nat gap by step 46): the
+    limit is the parity tolerance while the canary sits where a flat distribution puts it, and
+    scales with how far below that the trained model puts the canary's random tokens."""
+    import math
+
+    from rlctl.errors import RunError
+    from rlctl.trainer.state.canary import SyncCanary, logit_spread
+
+    canary = SyncCanary(train_dtype="bfloat16", rollout_dtype="bfloat16")
+    vocab, tokens = 104, list(range(32))
+    flat = torch.full((31,), -math.log(vocab), dtype=torch.float64)
+    base = canary.compare(flat, flat, tokens, (4, 128), 1, "E", vocab_size=vocab)["sync/canary_limit"]
+    assert logit_spread(flat, vocab) == pytest.approx(1.0) and logit_spread(flat * 3, 0) == 1.0
+    sharp = flat * 3  # random tokens three times further below the top
+    out = canary.compare(sharp + 2 * base, sharp, tokens, (4, 128), 1, "E", vocab_size=vocab)
+    assert out["sync/canary_limit"] == pytest.approx(3 * base) and out["sync/canary_ok"] == 1.0
+    with pytest.raises(RunError, match="logit spread"):
+        canary.compare(sharp + 4 * base, sharp, tokens, (4, 128), 1, "E", vocab_size=vocab)
+    with pytest.raises(RunError, match="canary"):  # unscaled without the vocabulary
+        canary.compare(sharp + 2 * base, sharp, tokens, (4, 128), 1, "E")

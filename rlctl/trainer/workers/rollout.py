@@ -76,6 +76,7 @@ class RolloutWorker(PeakMemory, Worker):
             self.version,
             f"{type(self.rollout).__name__} (rollout worker)",
             what="weight version",
+            vocab_size=published.canary_vocab,
         )
         return {**out, "sync/canary_s": published.canary_s + time.perf_counter() - start}
 

@@ -29,6 +29,7 @@ class PublishedWeights:
     canary_tokens: list[int] | None = None
     canary_scores: torch.Tensor | None = None  # the trainer's log-probs of canary_tokens[1:]
     model_shape: tuple[int, int] | None = None  # (layers, hidden): the canary's tolerance
+    canary_vocab: int = 0  # the vocabulary the canary tokens come from (its logit-spread scaling)
     canary_s: float = 0.0  # the trainer side's seconds
 
 
