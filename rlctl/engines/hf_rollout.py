@@ -116,7 +116,7 @@ class HFRolloutEngine:
             return self._step(prompts, pmask, positions, None)
         return logits[groups.row_group], cache
 
-    @torch.no_grad()
+    @torch.inference_mode()  # no autograd bookkeeping at all: ~5% of a SmolLM2 generate
     def generate(
         self,
         prompt_ids: torch.Tensor,
@@ -210,7 +210,9 @@ class HFRolloutEngine:
             "response_mask": mask[:, plen:],
             "rollout_log_probs": log_probs,
         }
-        return {k: v.cpu() for k, v in out.items()}  # no-op on CPU
+        # plain host tensors for the caller: inference tensors refuse in-place updates outside
+        with torch.inference_mode(False):
+            return {k: v.to("cpu", copy=True) for k, v in out.items()}
 
     @torch.no_grad()
     def prompt_log_probs(self, token_ids: Sequence[int]) -> torch.Tensor:

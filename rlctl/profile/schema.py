@@ -37,9 +37,9 @@ class PlatformSection:
     )
     cpu_threads: int = field(
         0,
-        "Torch threads per rank on CPU. 0 (auto): the rank's share of the host's cores, but one "
-        "thread for a model whose hidden size is under 512 (its matrix products are too small for "
-        "a second core to pay); n: n threads per rank.",
+        "Torch threads per rank on CPU. 0 (auto): the rank's share of the host's cores (half "
+        "of it each for the trainer and the rollout processes of the off-policy modes); n: n "
+        "threads per rank, as given.",
         ge=0,
     )
 

@@ -148,15 +148,6 @@ def _model(tmp_path, hidden: int):
     return str(path)
 
 
-def test_a_narrow_model_runs_one_thread_and_a_wide_one_its_share(host, tmp_path):
-    set_threads = host(8)
-    narrow = EngineSpec(model_path=_model(tmp_path, 128), device_type="cpu")
-    wide = EngineSpec(model_path=_model(tmp_path, 576), device_type="cpu")
-    assert _split(2, narrow)[0] == [1, 1]
-    assert _split(2, wide)[0] == [4, 4]
-    assert set_threads == [1, 1, 1, 1, 4, 4, 2, 2]  # train then rollout ranks, per model
-
-
 def test_platform_cpu_threads_is_taken_as_given(host, tmp_path):
     from dataclasses import replace
 

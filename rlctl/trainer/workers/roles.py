@@ -60,8 +60,7 @@ def _cpu_threads(worker: Worker, spec: EngineSpec, side: str = "train") -> int |
     the same hosts (:mod:`.rollout`): its ranks (``side="rollout"``) take half the cores and
     the training ranks the rest, so the two sides together use each core once (OpenMP threads
     beyond the cores spin against each other). In-process workers share one process: nothing to
-    split. A model narrower than ``SMALL_HIDDEN`` gets one thread (:func:`threads_that_pay`).
-    Every rank gets at least one thread. None off CPU (nothing set).
+    split. Every rank gets at least one thread. None off CPU (nothing set).
     """
     if spec.device_type != "cpu":
         return None
@@ -75,26 +74,8 @@ def _cpu_threads(worker: Worker, spec: EngineSpec, side: str = "train") -> int |
     if (spec.separate_rollout or side == "rollout") and not worker.ctx.in_process:
         rollout = max(1, cores // (2 * ranks))
         threads = rollout if side == "rollout" else max(1, (cores - ranks * rollout) // ranks)
-    threads = min(threads, threads_that_pay(spec.model_path))
     torch.set_num_threads(threads)
     return threads
-
-
-SMALL_HIDDEN = 512
-
-
-def threads_that_pay(model_path: str) -> int:
-    """1 for a model whose hidden size is under SMALL_HIDDEN, else no limit (a large number).
-
-    Measured on a 2-core host with ``rlctl bench step``: at hidden 128 (the embedded default's
-    model) one thread ran the update faster than two; at hidden 576 (SmolLM2-135M) two threads
-    ran its matrix products 1.8-1.9x faster than one."""
-    try:
-        config = json.loads((Path(model_path) / "config.json").read_text())
-        hidden = int(config.get("hidden_size") or config.get("n_embd") or 0)
-    except (OSError, ValueError, TypeError):
-        return 1 << 16
-    return 1 if 0 < hidden < SMALL_HIDDEN else 1 << 16
 
 
 def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool = False, lora=None):
