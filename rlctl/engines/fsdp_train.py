@@ -29,20 +29,15 @@ from rlctl.algorithms.metric_parts import MetricPart, results
 from rlctl.engines import fsdp_io
 from rlctl.engines import lora as lora_lib
 from rlctl.engines.batch_metrics import BatchMetrics
+from rlctl.engines.fsdp_forward import TrainForwards
 from rlctl.engines.fsdp_load import load_sharded
 from rlctl.engines.fsdp_shard import _shard, enable_activation_checkpointing
 from rlctl.engines.hf_model import load_causal_lm, load_value_model, supports_logits_to_keep
-from rlctl.engines.logprob import (
-    position_ids_from_mask,
-    response_logits,
-    token_log_probs,
-    token_log_probs_and_entropy,
-)
 from rlctl.engines.lora import LoraSpec
 from rlctl.engines.mixed_precision import DynamicLossScaler, autocast, compute_dtype
 from rlctl.engines.optim import LossScale, OptimConfig, build_optimizer
-from rlctl.engines.packing import PackedBatch, can_pack, pack
-from rlctl.engines.prefix import PrefixGroups, length_dependent_rope, prompt_groups, shared_prefix_logits
+from rlctl.engines.packing import can_pack
+from rlctl.engines.prefix import length_dependent_rope
 from rlctl.engines.registry import register_engine
 from rlctl.errors import RunError, UserError
 
@@ -59,7 +54,7 @@ def split_batch(batch: Batch, micro_batch_size: int) -> list[Batch]:
 
 
 @register_engine("train", model_type="*", backend="fsdp2", device="*")
-class FSDPTrainEngine:
+class FSDPTrainEngine(TrainForwards):
     """Training engine over one HF model (actor, reference or critic with ``value_head=True``)."""
 
     def __init__(
@@ -167,98 +162,6 @@ class FSDPTrainEngine:
 
     def _autocast(self):
         return autocast(self.device, self.compute_dtype, self.distributed)
-
-    # -- forward ------------------------------------------------------------------------------------
-    def _forward(self, mb: Batch, *, temperature: float, with_entropy: bool) -> dict[str, torch.Tensor]:
-        """Log-probs (+entropy) or values of the response tokens of one micro-batch."""
-        mb = {k: v.to(self.device) for k, v in mb.items()}
-        resp_len = mb["responses"].shape[1]
-        position_ids = mb.get("position_ids")
-        if position_ids is None:
-            position_ids = position_ids_from_mask(mb["attention_mask"])
-        inputs = dict(
-            input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=position_ids
-        )
-        packed = self._packed(inputs, resp_len)
-        if packed is not None:
-            return self._packed_forward(packed, temperature=temperature, with_entropy=with_entropy)
-        with self._autocast():
-            if self.value_head:
-                values = self.model(**inputs)
-                return {"values": values[:, -resp_len - 1 : -1].float()}
-            logits = self._shared_prefix_logits(inputs, resp_len)
-            if logits is None:
-                if self._keep_logits:
-                    logits = self.model(**inputs, use_cache=False, logits_to_keep=resp_len + 1).logits
-                else:
-                    logits = self.model(**inputs, use_cache=False).logits
-                logits = response_logits(logits, resp_len)
-        if with_entropy:
-            lp, ent = token_log_probs_and_entropy(logits, mb["responses"], temperature)
-            return {"log_probs": lp, "entropy": ent}
-        return {"log_probs": token_log_probs(logits, mb["responses"], temperature)}
-
-    def _packed(self, inputs: Batch, resp_len: int) -> PackedBatch | None:
-        """The micro-batch packed one row per prompt group (:mod:`rlctl.engines.packing`), or None
-        where this engine or batch cannot take that layout; under FSDP all ranks agree."""
-        if not self.pack:
-            return None
-        plen = inputs["input_ids"].shape[1] - resp_len
-        groups = prompt_groups(inputs["input_ids"][:, :plen], inputs["attention_mask"][:, :plen])
-        padded = bool((inputs["attention_mask"][:, plen:] == 0).any())
-        # only where it removes work: a shared prompt or response padding (else the rows as given
-        # keep the causal kernels, e.g. the one-row sync canary on the rollout engine's own path)
-        worth = plen > 0 and (groups is not None or padded)
-        groups = groups or PrefixGroups.each_row(len(inputs["input_ids"]), self.device)
-        packed = pack(**inputs, response_length=resp_len, groups=groups) if worth else None
-        if self.distributed:  # every forward is a collective: one path for every rank
-            ok = torch.tensor([int(packed is not None)], device=self.device)
-            dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self._group())
-            if not int(ok):
-                return None
-        return packed
-
-    def _packed_forward(
-        self, packed: PackedBatch, *, temperature: float, with_entropy: bool
-    ) -> dict[str, torch.Tensor]:
-        inputs = dict(
-            input_ids=packed.input_ids,
-            attention_mask=packed.attention_mask,
-            position_ids=packed.position_ids,
-        )
-        with self._autocast():
-            if self.value_head:
-                values = self.model(**inputs)[:, -packed.keep :]
-                return {"values": packed.unpack(values.float())}
-            if self._keep_logits:
-                logits = self.model(**inputs, use_cache=False, logits_to_keep=packed.keep).logits
-            else:
-                logits = self.model(**inputs, use_cache=False).logits[:, -packed.keep :]
-        if with_entropy:
-            lp, ent = token_log_probs_and_entropy(logits, packed.targets, temperature)
-            return {"log_probs": packed.unpack(lp), "entropy": packed.unpack(ent)}
-        return {"log_probs": packed.unpack(token_log_probs(logits, packed.targets, temperature))}
-
-    def _shared_prefix_logits(self, inputs: Batch, resp_len: int) -> torch.Tensor | None:
-        """Response logits with each distinct prompt computed once (:mod:`rlctl.engines.prefix`);
-        None where no rows share a prompt or the model cannot reuse its cache here."""
-        if not self.share_prefix:
-            return None
-        plen = inputs["input_ids"].shape[1] - resp_len
-        groups = prompt_groups(inputs["input_ids"][:, :plen], inputs["attention_mask"][:, :plen])
-        if self.distributed:
-            # every forward is a collective under FSDP: all ranks take the same path, the two-pass
-            # one as soon as any rank shares a prompt (ranks without sharing then share nothing)
-            any_shared = torch.tensor([int(groups is not None)], device=self.device)
-            dist.all_reduce(any_shared, op=dist.ReduceOp.MAX, group=self._group())
-            if not int(any_shared):
-                return None
-            groups = groups or PrefixGroups.each_row(len(inputs["input_ids"]), self.device)
-        elif groups is None:
-            return None
-        return shared_prefix_logits(
-            self.model, **inputs, response_length=resp_len, groups=groups, keep_logits=self._keep_logits
-        )
 
     @torch.no_grad()
     def compute_log_prob(

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rlctl.engines.prefix import PrefixGroups, length_dependent_rope
+from rlctl.engines.prefix import PrefixGroups, length_dependent_rope, prompt_groups
 
 
 def can_pack(model: nn.Module) -> bool:
@@ -59,6 +59,14 @@ class PackedBatch:
     keep: int  # K: positions from the first segment on; the logits the caller needs
     source: torch.Tensor  # (B, R) flat index into (G, K)
     valid: torch.Tensor  # (B, R) bool
+
+    def inputs(self) -> dict[str, torch.Tensor]:
+        """The model's keyword arguments for the packed rows."""
+        return {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+        }
 
     def unpack(self, packed: torch.Tensor) -> torch.Tensor:
         """(G, K) per-position values -> (B, R) per response token, 0 where there is no token."""
@@ -148,3 +156,19 @@ def pack(
         source=source,
         valid=valid,
     )
+
+
+def pack_if_worth(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int
+) -> PackedBatch | None:
+    """:func:`pack` where it removes work, a shared prompt or response padding; None otherwise (the
+    rows as given keep the causal kernels: the one-row sync canary compares with the rollout
+    engine's own causal forward) and where :func:`pack` cannot hold the batch."""
+    plen = input_ids.shape[1] - response_length
+    if plen <= 0:
+        return None
+    groups = prompt_groups(input_ids[:, :plen], attention_mask[:, :plen])
+    if groups is None and not bool((attention_mask[:, plen:] == 0).any()):
+        return None
+    groups = groups or PrefixGroups.each_row(len(input_ids), input_ids.device)
+    return pack(input_ids, attention_mask, position_ids, response_length, groups)
