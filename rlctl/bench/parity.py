@@ -36,6 +36,7 @@ from rlctl.engines.numerics import (
     grad_tolerance,
     log_prob_tolerance,
     model_shape,
+    vocab_size_of,
     worst,
 )
 from rlctl.engines.optim import OptimConfig
@@ -229,8 +230,7 @@ def _vocab(model_path: str) -> int:
     """The vocabulary size in the model's config (any engine: vLLM's holds no HF module)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model_path)
-    return int(getattr(config, "get_text_config", lambda: config)().vocab_size)
+    return vocab_size_of(AutoConfig.from_pretrained(model_path))
 
 
 def run_case(case: ParityCase, settings: ParitySettings) -> dict:

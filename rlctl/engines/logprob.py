@@ -26,10 +26,7 @@ CHUNK_ELEMENTS = 1 << 20
 def scaled_log_softmax(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """``log_softmax(logits / temperature)`` in fp32 over the last dim."""
     _check_temperature(temperature)
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1)
+    return _chunk_log_softmax(logits, temperature, torch.float32)
 
 
 def _check_temperature(temperature: float) -> None:
@@ -66,7 +63,7 @@ def _chunks(logits: torch.Tensor, chunk_tokens: int) -> Iterator[tuple[int, torc
 
 
 def _chunk_log_softmax(part: torch.Tensor, temperature: float, dtype: torch.dtype) -> torch.Tensor:
-    """``log_softmax(part / T)`` in ``dtype``, with the same operations as :func:`scaled_log_softmax`."""
+    """``log_softmax(part / T)`` in ``dtype`` (the upcast divided in place when it is a copy)."""
     scaled = part.to(dtype)
     if temperature != 1.0:
         scaled = scaled.div_(temperature) if scaled is not part else scaled / temperature

@@ -123,7 +123,17 @@ def worst(verdicts) -> str:
     return max(verdicts, key=VERDICTS.index, default="PASS")
 
 
+def _text_config(config):
+    """The text model's config (multimodal configs hold one); the config itself otherwise."""
+    return getattr(config, "get_text_config", lambda: config)()
+
+
 def model_shape(config) -> tuple[int, int]:
     """``(layers, hidden)`` of an HF config (text config of multimodal ones)."""
-    text = getattr(config, "get_text_config", lambda: config)()
+    text = _text_config(config)
     return int(text.num_hidden_layers), int(text.hidden_size)
+
+
+def vocab_size_of(config) -> int:
+    """The vocabulary size of an HF config (text config of multimodal ones)."""
+    return int(_text_config(config).vocab_size)

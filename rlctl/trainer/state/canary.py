@@ -40,7 +40,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from rlctl.engines.hf_model import resolve_dtype
-from rlctl.engines.numerics import gap_tolerance, model_shape
+from rlctl.engines.numerics import gap_tolerance, model_shape, vocab_size_of
 from rlctl.errors import RunError
 from rlctl.log import get_logger
 
@@ -61,11 +61,6 @@ def logit_spread(scores: torch.Tensor, vocab_size: int) -> float:
     if vocab_size < 2:
         return 1.0
     return max(1.0, float(scores.double().abs().mean()) / math.log(vocab_size))
-
-
-def canary_vocab(config) -> int:
-    """The vocabulary size the canary tokens are drawn from (text config of multimodal ones)."""
-    return int(getattr(config, "get_text_config", lambda: config)().vocab_size)
 
 
 def canary_batch(tokens: list[int]) -> dict[str, torch.Tensor]:
@@ -130,7 +125,7 @@ class SyncCanary:
     def trainer_scores(self, actor) -> tuple[list[int], torch.Tensor]:
         """The canary for ``actor``'s vocabulary and the training engine's log-probs of it (on the
         host). Collective under FSDP: every rank calls it together, with the actor on its device."""
-        tokens = canary_tokens(canary_vocab(actor.model.config))
+        tokens = canary_tokens(vocab_size_of(actor.model.config))
         with one_thread_on_cpu(actor.device):
             ours = actor.compute_log_prob(canary_batch(tokens))["log_probs"][0]
         return tokens, ours.detach().cpu()
@@ -204,6 +199,6 @@ class SyncCanary:
             shape,
             version,
             type(rollout).__name__,
-            vocab_size=canary_vocab(actor.model.config),
+            vocab_size=vocab_size_of(actor.model.config),
         )
         return {**out, "sync/canary_s": time.perf_counter() - start}

@@ -19,11 +19,11 @@ import torch
 from rlctl.algorithms.metric_parts import results
 from rlctl.dispatch import DataProto, Dispatch, Worker, register
 from rlctl.engines.batch_metrics import BatchMetrics
-from rlctl.engines.numerics import model_shape
+from rlctl.engines.numerics import model_shape, vocab_size_of
 from rlctl.engines.registry import get_engine
 from rlctl.reshard import reshard_train_to_rollout
 from rlctl.trainer.plan.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec
-from rlctl.trainer.state.canary import SyncCanary, canary_vocab
+from rlctl.trainer.state.canary import SyncCanary
 from rlctl.trainer.state.fingerprint import SyncCheck, without
 from rlctl.trainer.step.minibatch import MINI_BATCH_ROWS, split_mini_batches
 from rlctl.trainer.step.stages import mean_metrics
@@ -296,7 +296,7 @@ class PolicyWorker(PeakMemory, Worker):
                 start = time.perf_counter()
                 out.canary_tokens, out.canary_scores = canary.trainer_scores(self.actor)
                 out.model_shape = model_shape(self.actor.model.config)
-                out.canary_vocab = canary_vocab(self.actor.model.config)
+                out.canary_vocab = vocab_size_of(self.actor.model.config)
                 out.canary_s = time.perf_counter() - start
         return out if self.rank == 0 else None
 
