@@ -39,6 +39,7 @@ from rlctl.engines.optim import LossScale, OptimConfig, build_optimizer
 from rlctl.engines.packing import can_pack
 from rlctl.engines.prefix import length_dependent_rope
 from rlctl.engines.registry import register_engine
+from rlctl.engines.skip_rows import trained_rows
 from rlctl.errors import RunError, UserError
 
 Batch = dict[str, torch.Tensor]
@@ -224,18 +225,26 @@ class FSDPTrainEngine(TrainForwards):
         if self.distributed and hasattr(self.model, "reshard"):
             self.model.reshard()
 
-    def _split(self, batch: Batch, what: str, micro_batch_size: int | None = None) -> list[Batch]:
+    def _split(
+        self, batch: Batch, what: str, micro_batch_size: int | None = None, fill: Batch | None = None
+    ) -> list[Batch]:
         """Micro-batches; under FSDP every rank must run the same number (each forward is a
-        collective), so a mismatch is a RunError instead of a hang."""
+        collective), so a mismatch is a RunError instead of a hang. With ``fill`` (a row that adds
+        nothing) ranks with fewer run it until the counts agree, and at least once, so gradients
+        are zeros where nothing is trained (AdamW then steps as it would on the full batch)."""
         parts = split_batch(batch, micro_batch_size or self.rows_per_micro_batch(batch))
+        most = len(parts)
         if self.distributed:
             counts = torch.tensor([len(parts), -len(parts)], device=self.device)
             dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=self._group())
-            if int(counts[0]) != -int(counts[1]):
+            most = int(counts[0])
+            if fill is None and most != -int(counts[1]):
                 raise RunError(
                     f"{what} on rank {dist.get_rank()}: ranks hold between {-int(counts[1])} and "
                     f"{int(counts[0])} micro-batches; pad the batch so every DP rank gets the same size"
                 )
+        if fill is not None:
+            parts += [fill] * (max(1, most) - len(parts))
         return parts
 
     def rows_per_micro_batch(self, batch: Batch) -> int:
@@ -254,6 +263,7 @@ class FSDPTrainEngine(TrainForwards):
         temperature: float = 1.0,
         with_entropy: bool = True,
         step_schedule: bool = True,
+        skip_rows: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """One optimiser step over a mini-batch, accumulating gradients over micro-batches.
 
@@ -265,12 +275,18 @@ class FSDPTrainEngine(TrainForwards):
         (``grad_norm`` is the norm before clipping), AdamW steps, and the LR schedule too unless
         ``step_schedule=False`` (the caller then calls :meth:`advance_schedule` once per RL step).
         A non-finite grad norm skips the update and reports ``skipped=1``.
+
+        ``skip_rows`` (bool per row) marks rows the caller knows add exactly nothing to the loss
+        or its gradient (:func:`rlctl.engines.skip_rows.trained_rows`): they count in the loss's
+        totals but are not forwarded; ``zero_grad_row_frac`` reports their fraction, and the loss's
+        metrics then cover the trained rows.
         """
         self.model.train()
         scale = self._loss_scale(batch)
         self.optimizer.zero_grad(set_to_none=True)
         parts = BatchMetrics()
-        for mb in self._split(batch, "train_batch"):
+        trained, fill = trained_rows(batch, skip_rows)
+        for mb in self._split(trained, "train_batch", fill=fill):
             outputs = self._forward(mb, temperature=temperature, with_entropy=with_entropy)
             loss, metrics = loss_fn(outputs, {k: v.to(self.device) for k, v in mb.items()}, scale)
             (loss * self.loss_scaler.scale if self.loss_scaler else loss).backward()
@@ -296,6 +312,7 @@ class FSDPTrainEngine(TrainForwards):
             self.global_step += 1
         out = results(self.metric_parts)
         out.update(grad_norm=grad_norm, lr=lr, skipped=float(skipped))
+        out["zero_grad_row_frac"] = 1.0 - len(trained["response_mask"]) / max(1, len(batch["response_mask"]))
         if self.loss_scaler:
             out["loss_scale"] = self.loss_scaler.scale
             self.loss_scaler.update(found_inf=skipped)

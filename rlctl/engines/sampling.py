@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+CDF_BLOCK = 256  # tokens per block of the two-level cumulative sum (:func:`inverse_cdf`)
+
 
 def filter_top_k_top_p(scores: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Set to -inf every score outside the top-k and outside the smallest nucleus of mass >= top_p.
@@ -48,16 +50,39 @@ def sample_tokens(
         return scaled_logits.argmax(dim=-1)
     scores = filter_top_k_top_p(scaled_logits, top_k, top_p)
     probs = torch.softmax(scores.float(), dim=-1)
-    # inverse-CDF draw, one float64 uniform per row against a float64 cumulative sum: each token's
-    # interval is its probability to within float64 rounding (~1e-16), so every token with a
-    # probability above that can be drawn, at its rate. A float32 CDF cannot: near 1 its spacing
-    # is 6e-8, and the tail of a 152k vocabulary (tokens below that) gets zero-width intervals.
-    # A right-side search never lands on a zero-probability (filtered) token: its interval is empty.
-    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
-    total = cdf[..., -1:]
-    u = uniforms if uniforms is not None else draw_uniforms(total.shape, cdf.device, generator)
+    u = uniforms if uniforms is not None else draw_uniforms((len(probs), 1), probs.device, generator)
+    return inverse_cdf(probs, u)
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = CDF_BLOCK) -> torch.Tensor:
+    """The token whose interval of the float64 cumulative distribution holds ``u * total``, per row.
+
+    One float64 uniform per row against a float64 cumulative sum: each token's interval is its
+    probability to within float64 rounding (~1e-16), so every token with a probability above that
+    can be drawn, at its rate. A float32 CDF cannot: near 1 its spacing is 6e-8, and the tail of a
+    152k vocabulary (tokens below that) gets zero-width intervals. A right-side search never
+    lands on a zero-probability (filtered) token: its interval is empty.
+
+    The sum runs in two levels, the same distribution without a sequential float64 scan over the
+    whole vocabulary (which cost 15 ms per decode step of 32 rows at 49k tokens): a cumulative
+    sum over blocks of ``block`` tokens picks the block, then one over that block's tokens the
+    token. Where float64 rounding leaves the point past the block's own running total (a width of
+    ~1e-16), the block's last token of nonzero probability is drawn.
+    """
+    rows, vocab = probs.shape
+    nblocks = -(-vocab // block)
+    padded = torch.nn.functional.pad(probs, (0, nblocks * block - vocab)).view(rows, nblocks, block)
+    block_cdf = padded.sum(-1, dtype=torch.float64).cumsum(-1)
+    total = block_cdf[:, -1:]
     x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # strictly below
-    return torch.searchsorted(cdf, x, right=True).squeeze(-1)
+    b = torch.searchsorted(block_cdf, x, right=True).clamp(max=nblocks - 1)  # (rows, 1)
+    before = torch.where(b > 0, block_cdf.gather(1, (b - 1).clamp(min=0)), torch.zeros_like(x))
+    inside = padded.gather(1, b[:, :, None].expand(-1, -1, block)).squeeze(1)  # (rows, block)
+    within = before + inside.cumsum(-1, dtype=torch.float64)
+    j = torch.searchsorted(within, x, right=True)
+    last_nonzero = block - 1 - (inside.flip(-1) > 0).to(torch.int8).argmax(-1, keepdim=True)
+    j = torch.where(j >= block, last_nonzero, j)
+    return (b * block + j).squeeze(-1)
 
 
 def draw_uniforms(

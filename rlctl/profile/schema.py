@@ -155,6 +155,14 @@ class ActorSection:
     kl_loss_coef: float = field(0.001, "KL loss coefficient.", ge=0)
     kl_loss_type: str = field("low_var_kl", "KL estimator for the loss.", choices=KL_KINDS)
     activation_checkpointing: bool = field(False, "Recompute activations in backward.")
+    skip_zero_advantage: bool = field(
+        True,
+        "Leave out of the update's forward and backward the sequences whose advantage is 0 at every "
+        "token (a GRPO/RLOO group whose responses all scored the same): with a built-in policy loss, "
+        "no entropy bonus and no KL loss they add exactly nothing to the gradient, and they still count "
+        "in the loss's normalisation, so the update is the same. actor/zero_grad_row_frac is their "
+        "share; actor/entropy and the other loss metrics then cover the trained sequences.",
+    )
     param_offload: bool = field(False, "Offload parameters to CPU between stages (accelerators).")
     optimizer_offload: bool = field(False, "Offload optimizer state to CPU between stages (accelerators).")
     lora: LoraSection | None = field(

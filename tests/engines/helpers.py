@@ -95,6 +95,16 @@ def token_mean_loss(outputs, mb, scale):
     return loss, {"loss": float(loss.detach())}
 
 
+def advantage_loss(outputs, mb, scale):
+    """Policy gradient ``-A * log-prob``, token-mean over the whole mini-batch (this micro-batch's
+    share), its loss as metric parts."""
+    from rlctl.algorithms.metric_parts import Mean
+
+    mask = mb["response_mask"].float()
+    loss = -(outputs["log_probs"] * mb["advantages"] * mask).sum() / scale.global_tokens * scale.dp_size
+    return loss, {"loss": Mean(float(loss.detach()) / scale.dp_size * scale.global_tokens, float(mask.sum()))}
+
+
 def seq_mean_loss(outputs, mb, scale):
     """Per-sequence token-mean, then mean over all sequences of the mini-batch."""
     mask = mb["response_mask"].float()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.engines.helpers import (
+    advantage_loss,
     make_batch,
     make_grouped_batch,
     make_model,
@@ -92,6 +93,20 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> N
         e = FSDPTrainEngine(model_dir, micro_batch_size=4, optim=optim)
         result["mixed_log_probs"] = e.compute_log_prob(mixed, temperature=0.7)["log_probs"]
         e.train_batch(mixed, token_mean_loss, temperature=0.7)
+        # rows whose advantage is 0 everywhere, skipped: rank 0 keeps one row (one micro-batch),
+        # rank 1 three (two), so rank 0 runs a fill row; then a step with every row skipped
+        adv = torch.tensor([1.0, 0, 0, 0, 0.5, 0, -1.0, 2.0])[rows, None].expand(-1, 5).contiguous()
+        weighted = {**b1, "advantages": adv}
+        for skip in (True, False):
+            e = FSDPTrainEngine(model_dir, micro_batch_size=2, optim=optim)
+            rows_out = (adv == 0).all(-1) if skip else None
+            m = e.train_batch(weighted, advantage_loss, temperature=0.7, skip_rows=rows_out)
+            result[f"skip_{skip}_step1"] = _params(e)
+            result[f"skip_{skip}_frac"] = m["zero_grad_row_frac"]
+            nothing = {**weighted, "advantages": torch.zeros_like(adv)}
+            everything = torch.ones(len(adv), dtype=torch.bool) if skip else None
+            e.train_batch(nothing, advantage_loss, temperature=0.7, skip_rows=everything)
+            result[f"skip_{skip}_step2"] = _params(e)
         if world == 2:  # ranks with different micro-batch counts fail loudly instead of hanging
             uneven = {k: v[: 3 if rank == 0 else 1] for k, v in b1.items()}
             try:
@@ -253,3 +268,22 @@ def test_shared_prompt_forward_matches_the_plain_one_under_fsdp(runs, world):
         part = {k: v[rank * per_rank : (rank + 1) * per_rank] for k, v in parts[rank].items()}
         ref, m = reference_log_probs(model, part, 0.7), part["response_mask"].bool()
         assert (r["mixed_log_probs"][m] - ref[m]).abs().max() <= 1e-5
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", WORLD_SIZES)
+def test_rows_with_zero_gradient_are_skipped_and_the_step_is_the_same(runs, world):
+    """Skipped rows (a different number per rank, and then all of them) leave both AdamW steps as
+    the full batch's: the second one, with zero gradients, still moves the weights by momentum."""
+    _, out = runs
+    for r in out[world]:
+        full, skipped = r["skip_False_step1"], r["skip_True_step1"]
+        # AdamW at lr 1e-2 divides by the gradient's own scale: float rounding in a near-zero
+        # gradient element (summed in another order) moves it by a small fraction of the lr
+        for name, p in full.items():
+            assert (skipped[name] - p).abs().max() <= 1e-4, name
+        for name, p in r["skip_False_step2"].items():
+            assert (r["skip_True_step2"][name] - p).abs().max() <= 1e-4, name
+            assert (p - full[name]).abs().max() > 0 or name.endswith("norm.weight"), name
+    assert sum(r["skip_True_frac"] for r in out[world]) / world == 0.5
+    assert all(r["skip_False_frac"] == 0.0 for r in out[world])

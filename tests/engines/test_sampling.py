@@ -4,7 +4,7 @@ test device (the draws use a generator on the logits' device)."""
 from __future__ import annotations
 
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlctl.engines.logprob import position_ids_from_mask, token_log_probs, token_log_probs_and_entropy
@@ -108,3 +108,33 @@ def test_a_152k_vocabulary_is_sampled_exactly_into_its_tail():
     assert observed[-1] >= 5  # the float32-unreachable tail is drawn
     again = sample_tokens(logits.expand(100, vocab), generator=torch.Generator().manual_seed(0))
     assert torch.equal(again, draws[:100])  # reproducible under the generator
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    vocab=st.integers(1, 1200),
+    rows=st.integers(1, 6),
+    block=st.sampled_from([1, 7, 256]),
+    zero_frac=st.floats(0.0, 0.95),
+    seed=st.integers(0, 2**16),
+)
+def test_two_level_cdf_draws_what_one_float64_scan_draws(vocab, rows, block, zero_frac, seed):
+    """The blocked inverse CDF against the plain float64 scan over the whole vocabulary: the same
+    token for every uniform, zero-probability (filtered) tokens never drawn, ends included."""
+    from rlctl.engines.sampling import inverse_cdf
+
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(3 * torch.randn(rows, vocab, generator=g), -1)
+    probs = probs * (torch.rand(rows, vocab, generator=g) >= zero_frac)
+    probs[:, torch.randint(vocab, (1,), generator=g)] += 1e-3  # one nonzero token at least
+    u = torch.cat([torch.rand(rows, 30, generator=g, dtype=torch.float64), torch.zeros(rows, 1)], 1)
+    u = torch.cat([u, torch.full((rows, 1), 1.0 - 2**-53, dtype=torch.float64)], 1)
+    cdf = probs.cumsum(-1, dtype=torch.float64)
+    for k in range(u.shape[1]):
+        x = torch.minimum(u[:, k : k + 1] * cdf[:, -1:], torch.nextafter(cdf[:, -1:], torch.zeros(1).double()))
+        want = torch.searchsorted(cdf, x, right=True).squeeze(-1)
+        got = inverse_cdf(probs, u[:, k : k + 1], block=block)
+        assert bool((probs.gather(1, got[:, None]) > 0).all())
+        # the two sums differ only by float64 rounding: a different token only at a boundary
+        edge = cdf.gather(1, torch.minimum(got, want)[:, None])
+        assert bool(((got == want)[:, None] | ((x - edge).abs() < 1e-12)).all())

@@ -56,6 +56,8 @@ class ActorLossSpec:
     rollout_correction: str = "off"
     rollout_correction_mode: str = "truncate"
     rollout_correction_threshold: float = 2.0
+    # leave sequences whose gradient is exactly zero out of the forward (workers.losses)
+    skip_zero_advantage: bool = False
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,7 @@ def build_specs(
             rollout_correction=effective_rollout_correction(p),
             rollout_correction_mode=p.algorithm.rollout_correction_mode,
             rollout_correction_threshold=p.algorithm.rollout_correction_threshold,
+            skip_zero_advantage=p.actor.skip_zero_advantage,
         ),
         update=update,
         rollout=RolloutSpec(

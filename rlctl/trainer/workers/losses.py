@@ -127,6 +127,29 @@ def make_actor_loss(spec: ActorLossSpec) -> LossFn:
     return loss_fn
 
 
+# Built-in policy losses whose every token term is its advantage times something finite of that
+# sequence alone (rlctl.algorithms.policy_loss: vanilla/dual-clip, gspo, cispo, gpg): a sequence
+# whose advantage is 0 everywhere adds exactly 0 to the loss and its gradient. A registered loss of
+# one's own is not assumed to be.
+ADVANTAGE_LINEAR_LOSSES = frozenset({"vanilla", "gspo", "cispo", "gpg"})
+
+
+def zero_gradient_rows(spec: ActorLossSpec, mb: Batch) -> torch.Tensor | None:
+    """Rows of ``mb`` that add nothing to the actor loss's gradient, for the engine to skip
+    (``actor.skip_zero_advantage``): no loss tokens, or an advantage of exactly 0 at every token
+    (a GRPO/RLOO group whose responses all scored the same) where the loss is a built-in policy
+    loss with no entropy bonus and no KL loss. None where nothing may be skipped."""
+    if not (
+        spec.skip_zero_advantage
+        and spec.policy_loss in ADVANTAGE_LINEAR_LOSSES
+        and spec.entropy_coeff == 0
+        and not spec.use_kl_loss
+    ):
+        return None
+    live = mb["response_mask"].bool()
+    return ~(live & (mb["advantages"] != 0)).any(-1)
+
+
 def make_critic_loss(spec: CriticSpec) -> LossFn:
     """Clipped value loss against the returns computed on the driver.
 

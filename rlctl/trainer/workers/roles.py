@@ -27,7 +27,7 @@ from rlctl.trainer.state.canary import SyncCanary
 from rlctl.trainer.state.fingerprint import SyncCheck, without
 from rlctl.trainer.step.minibatch import MINI_BATCH_ROWS, split_mini_batches
 from rlctl.trainer.step.stages import mean_metrics
-from rlctl.trainer.workers.losses import make_actor_loss, make_critic_loss
+from rlctl.trainer.workers.losses import make_actor_loss, make_critic_loss, zero_gradient_rows
 from rlctl.trainer.workers.memory import PeakMemory
 from rlctl.trainer.workers.rollout_engines import _model_type, rollout_engine  # noqa: F401  (re-exported)
 from rlctl.trainer.workers.sampling import _pad_responses, sample_rows  # noqa: F401  (re-exported)
@@ -198,6 +198,7 @@ class PolicyWorker(PeakMemory, Worker):
                             self.actor_loss,
                             temperature=self.spec.update.temperature,
                             step_schedule=False,
+                            skip_rows=zero_gradient_rows(self.spec.loss, mini),
                         )
                     )
                     parts.add(getattr(self.actor, "metric_parts", {}))

@@ -1,0 +1,87 @@
+"""Which rows the actor's update may leave out of its forward: exactly those whose gradient is zero."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlctl.engines.optim import LossScale
+from rlctl.profile import load_profile
+from rlctl.trainer.plan.specs import ActorLossSpec, build_specs
+from rlctl.trainer.workers.losses import ADVANTAGE_LINEAR_LOSSES, make_actor_loss, zero_gradient_rows
+
+ON = ActorLossSpec(skip_zero_advantage=True)
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _batch(adv: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"advantages": adv, "response_mask": mask}
+
+
+def test_zero_advantage_and_empty_rows_are_marked():
+    adv = torch.tensor([[0.0, 0, 0], [0, 0.5, 0], [0, 0, 3.0], [1.0, 1, 1]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 0], [0, 0, 0]])
+    # row 2's only nonzero advantage is on a masked position; row 3 has no loss tokens
+    assert zero_gradient_rows(ON, _batch(adv, mask)).tolist() == [True, False, True, True]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        ActorLossSpec(),  # the profile key off
+        replace(ON, entropy_coeff=0.01),  # the entropy bonus has a gradient on every row
+        replace(ON, use_kl_loss=True),  # so has the KL loss
+        replace(ON, policy_loss="my_own"),  # a registered loss is not assumed linear in A
+    ],
+)
+def test_nothing_is_skipped_where_a_zero_advantage_row_can_still_have_a_gradient(spec):
+    adv, mask = torch.zeros(2, 3), torch.ones(2, 3)
+    assert zero_gradient_rows(spec, _batch(adv, mask)) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    policy_loss=st.sampled_from(sorted(ADVANTAGE_LINEAR_LOSSES)),
+    agg=st.sampled_from(
+        ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+    ),
+    seed=st.integers(0, 2**16),
+    correction=st.sampled_from(["off", "token", "sequence"]),
+)
+def test_rows_marked_have_exactly_zero_gradient_in_every_builtin_loss(policy_loss, agg, seed, correction):
+    """The rule's premise, on off-policy ratios far from 1 (every clip branch taken) and with a
+    rollout correction: the loss's gradient on a marked row's log-probs is exactly zero."""
+    g = torch.Generator().manual_seed(seed)
+    rows, width = 6, 5
+    adv = torch.randn(rows, 1, generator=g).expand(-1, width).clone()
+    adv[::2] = 0.0
+    mask = (torch.rand(rows, width, generator=g) > 0.2).long()
+    log_prob = (torch.randn(rows, width, generator=g) - 1).requires_grad_(True)
+    mb = {
+        **_batch(adv, mask),
+        "old_log_probs": log_prob.detach() + torch.randn(rows, width, generator=g),
+        "rollout_log_probs": log_prob.detach() + 0.3 * torch.randn(rows, width, generator=g),
+    }
+    spec = replace(ON, policy_loss=policy_loss, loss_agg_mode=agg, rollout_correction=correction)
+    scale = LossScale(global_tokens=int(mask.sum()), global_seqs=rows, dp_size=1)
+    loss, _ = make_actor_loss(spec)({"log_probs": log_prob}, mb, scale)
+    loss.backward()
+    marked = zero_gradient_rows(spec, mb)
+    assert marked[::2].all()
+    assert torch.equal(log_prob.grad[marked], torch.zeros_like(log_prob.grad[marked]))
+    assert log_prob.grad[~marked].abs().sum() > 0
+
+
+def test_the_profile_key_reaches_the_loss_spec():
+    def spec(*overrides: str) -> ActorLossSpec:
+        profile = load_profile(REPO / "profiles/tiny-cpu.toml", list(overrides))
+        kw = dict(device_type="cpu", dtype="float32", attn="sdpa", dist_backend="gloo")
+        return build_specs(profile, **kw).policy.loss
+
+    assert spec().skip_zero_advantage is True
+    assert spec("actor.skip_zero_advantage=false").skip_zero_advantage is False
