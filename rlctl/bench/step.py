@@ -145,11 +145,19 @@ def add_stage_work(row: dict[str, Any], profile, shape: ModelShape) -> None:
         "critic_epochs": profile.critic.ppo_epochs,
     }
     row["stage_work"] = stage_work(
-        row["stages_s"], row["tokens_per_step"] or 0.0, peak_gflops=row["host_matmul_gflops"], **kw
+        row["stages_s"],
+        row["tokens_per_step"] or 0.0,
+        peak_gflops=row["host_matmul_gflops"],
+        update_token_frac=row.get("update_token_frac", 1.0),
+        **kw,
     )
     for s in row["seeds"]:
         s["stage_work"] = stage_work(
-            s["stages_s"], s.get("tokens_per_step") or 0.0, peak_gflops=s["host_matmul_gflops"], **kw
+            s["stages_s"],
+            s.get("tokens_per_step") or 0.0,
+            peak_gflops=s["host_matmul_gflops"],
+            update_token_frac=s.get("update_token_frac", 1.0),
+            **kw,
         )
 
 

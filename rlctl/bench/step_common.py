@@ -114,6 +114,10 @@ def summarise_metrics(
         for s in sorted(records)
         if "val/accuracy" in records[s]
     ]
+    # the update forwards only the rows with a gradient (actor.skip_zero_advantage): its FLOPs are
+    # that share of the step's tokens
+    timed = steps[WARMUP:] or steps
+    update_frac = statistics.median(r.get("actor/forwarded_token_frac", 1.0) for r in timed) if timed else 1.0
     stages: dict[str, list[float]] = {}
     for r in steps:
         for k, v in r.items():
@@ -125,12 +129,13 @@ def summarise_metrics(
         curve,
         sequences=sequences,
         tokens=[r["perf/tokens_per_s"] * r["time/step"] for r in steps],
-        passes=1 + 3 + ("old_log_prob" in stages) + ("ref" in stages),
+        passes=1 + 3 * update_frac + ("old_log_prob" in stages) + ("ref" in stages),
         params=params,
         peak_gflops=peak_gflops,
         target=target,
         stages=stages,
     )
+    row["update_token_frac"] = update_frac
     if any("async/staleness_mean" in r for r in steps):
         row["staleness_mean"] = statistics.mean(r.get("async/staleness_mean", 0.0) for r in steps)
         row["staleness_max"] = max(r.get("async/staleness_max", 0.0) for r in steps)

@@ -81,9 +81,12 @@ def stage_work(
     critic_params: int | None = None,
     actor_epochs: int = 1,
     critic_epochs: int = 1,
+    update_token_frac: float = 1.0,
 ) -> dict[str, dict[str, float | None]]:
     """Per stage: ``seconds``, ``gflop``, ``fraction`` (of ``peak_gflops``) and ``floor_s`` (the
-    seconds its FLOPs take at ``peak_gflops``); stages that run no model have None for the rest."""
+    seconds its FLOPs take at ``peak_gflops``); stages that run no model have None for the rest.
+    ``update_token_frac`` is the share of the tokens the actor update forwarded (rows without a
+    gradient are skipped)."""
     out: dict[str, dict[str, float | None]] = {}
     for name, seconds in stages_s.items():
         passes = FORWARD_PASSES.get(name)
@@ -93,7 +96,8 @@ def stage_work(
         critic = name in CRITIC_STAGES
         p = (critic_params if critic_params is not None else params) if critic else params
         epochs = (critic_epochs if critic else actor_epochs) if name.startswith("update") else 1
-        flops = 2.0 * p * tokens * passes * epochs
+        share = update_token_frac if name == "update_actor" else 1.0
+        flops = 2.0 * p * tokens * passes * epochs * share
         rate = peak_gflops * 1e9
         out[name] = {
             "seconds": seconds,

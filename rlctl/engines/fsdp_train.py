@@ -278,15 +278,19 @@ class FSDPTrainEngine(TrainForwards):
 
         ``skip_rows`` (bool per row) marks rows the caller knows add exactly nothing to the loss
         or its gradient (:func:`rlctl.engines.skip_rows.trained_rows`): they count in the loss's
-        totals but are not forwarded; ``zero_grad_row_frac`` reports their fraction, and the loss's
-        metrics then cover the trained rows.
+        totals but are not forwarded; ``zero_grad_row_frac`` reports their fraction,
+        ``forwarded_token_frac`` the share of the batch's real tokens the forwards computed (fill
+        rows included; what ``bench step`` counts as the update's FLOPs), and the loss's metrics
+        then cover the trained rows.
         """
         self.model.train()
         scale = self._loss_scale(batch)
         self.optimizer.zero_grad(set_to_none=True)
         parts = BatchMetrics()
         trained, fill = trained_rows(batch, skip_rows)
+        forwarded = 0.0
         for mb in self._split(trained, "train_batch", fill=fill):
+            forwarded += float(mb["attention_mask"].sum())
             outputs = self._forward(mb, temperature=temperature, with_entropy=with_entropy)
             loss, metrics = loss_fn(outputs, {k: v.to(self.device) for k, v in mb.items()}, scale)
             (loss * self.loss_scaler.scale if self.loss_scaler else loss).backward()
@@ -313,6 +317,7 @@ class FSDPTrainEngine(TrainForwards):
         out = results(self.metric_parts)
         out.update(grad_norm=grad_norm, lr=lr, skipped=float(skipped))
         out["zero_grad_row_frac"] = 1.0 - len(trained["response_mask"]) / max(1, len(batch["response_mask"]))
+        out["forwarded_token_frac"] = forwarded / max(1.0, float(batch["attention_mask"].sum()))
         if self.loss_scaler:
             out["loss_scale"] = self.loss_scaler.scale
             self.loss_scaler.update(found_inf=skipped)

@@ -79,6 +79,10 @@ def test_stage_work_counts_passes_epochs_and_the_critic():
     assert work["update_actor"]["gflop"] == pytest.approx(2 * 1000 * 50 * 3 * 2 / 1e9)
     assert work["values"]["gflop"] == pytest.approx(2 * 400 * 50 / 1e9)
     assert work["reward"] == {"seconds": 0.1, "gflop": None, "fraction": None, "floor_s": None}
+    # rows skipped by the update (no gradient) are not counted as its work
+    skipped = stage_work({"gen": 2.0, "update_actor": 3.0}, 50.0, params=1000, peak_gflops=1e-3, update_token_frac=0.25)
+    assert skipped["update_actor"]["gflop"] == pytest.approx(2 * 1000 * 50 * 3 * 0.25 / 1e9)
+    assert skipped["gen"]["gflop"] == pytest.approx(2 * 1000 * 50 / 1e9)
 
 
 def test_ratios_compare_each_mode_with_the_baselines_same_mode():
@@ -138,6 +142,9 @@ def test_bench_step_runs_every_row_over_seeds(tmp_path):
     )
     assert gen["floor_s"] == pytest.approx(gen["gflop"] / row["host_matmul_gflops"])
     assert row["stage_work"]["reward"]["gflop"] is None and result["host_matmul_model_shape"]["gflops"] > 0
+    update = row["stage_work"]["update_actor"]
+    assert 0 < row["update_token_frac"] <= 1
+    assert update["gflop"] == pytest.approx(gen["gflop"] * 3 * row["update_token_frac"])
 
 
 @pytest.mark.timeout(300)
