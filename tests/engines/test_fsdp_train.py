@@ -233,3 +233,22 @@ def test_token_budget_cuts_micro_batches_by_padded_width(model_dir):
     assert (a - b).norm() / a.norm() <= 1e-6
     with pytest.raises(UserError, match="micro_batch_tokens=-1"):
         FSDPTrainEngine(model_dir, micro_batch_tokens=-1)
+
+
+def test_the_model_switches_mode_only_when_the_pass_changes_it(model_dir, monkeypatch):
+    """Scoring runs in eval mode and updates in train mode; ``train()`` (a walk over every module,
+    costly in transformers) runs only where the mode changes."""
+    engine = FSDPTrainEngine(model_dir, device="cpu", optim=OptimConfig(lr=0.0, grad_clip=0.0))
+    batch = make_batch(4, prompt_len=5, resp_len=3, seed=2)
+    calls, started = [], engine.model.training
+    real = type(engine.model).train
+    monkeypatch.setattr(type(engine.model), "train", lambda m, mode=True: calls.append(mode) or real(m, mode))
+    engine.compute_log_prob(batch)
+    engine.compute_log_prob(batch)
+    assert not engine.model.training
+    engine.train_batch(batch, token_mean_loss)
+    assert engine.model.training and all(m.training for m in engine.model.modules())
+    engine.train_batch(batch, token_mean_loss)
+    engine.compute_log_prob(batch)
+    assert not any(m.training for m in engine.model.modules())
+    assert calls == [False] * started + [True, False]

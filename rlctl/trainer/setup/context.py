@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rlctl.dispatch import DataProto, WorkerGroup, spawn_colocated
 from rlctl.dispatch.pool import ResourcePool
 from rlctl.errors import UserError
@@ -37,6 +39,7 @@ class RunContext:
     stop_ids: list[int]  # every token that ends a response (see models.stop_token_ids)
     pool: ResourcePool | None = None  # the groups' placement groups, released at shutdown
     plan: RunPlan | None = None  # what the workers were built from (RUN_DIR/plan.json)
+    driver_threads: int | None = None  # the driver's torch threads before the run (restored at shutdown)
 
     def sampling(self, validation: bool = False) -> dict[str, Any]:
         """Sampling parameters sent with each generation request (validation: val_temperature)."""
@@ -60,6 +63,23 @@ class RunContext:
                 group.shutdown()
         if self.pool is not None:  # else every run in one process keeps its placement group
             self.pool.release()
+        if self.driver_threads is not None:
+            torch.set_num_threads(self.driver_threads)
+
+
+def quiet_driver_threads(backend: str) -> int | None:
+    """With the workers in processes of their own (``cluster.backend = "ray"``) the driver's torch
+    runs on one thread, and the count it had is returned (None: in-process, nothing changed).
+
+    The driver's tensors are a step's scores, masks and advantages; its idle OpenMP threads spin
+    after each of its ops on cores the workers' threads are waiting for (on a 2-core host the
+    built-in model's 8 x 8 sync step went from 0.094 to 0.079 s).
+    """
+    if backend == "inprocess":
+        return None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    return threads
 
 
 def _check_rollout_log_probs(profile: Profile, policy: WorkerGroup) -> None:
@@ -122,6 +142,7 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) 
         address=c.address,
         default_timeout=c.call_timeout_s,
     )
+    driver_threads = quiet_driver_threads(c.backend)
     try:
         for group in groups.values():
             group.init_model()
@@ -130,6 +151,8 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) 
         for group in groups.values():
             group.shutdown()
         pool.release()
+        if driver_threads is not None:
+            torch.set_num_threads(driver_threads)
         raise
     return RunContext(
         profile=profile,
@@ -146,4 +169,5 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) 
         stop_ids=stop_token_ids(profile.model.path, tokenizer),
         pool=pool,
         plan=plan,
+        driver_threads=driver_threads,
     )
