@@ -166,7 +166,8 @@ def stage_table(result: dict):
 
     table = Table(
         title="per stage: median s / GFLOP / fraction of the GEMM rate measured before the run / floor s "
-        "(off-policy modes: gen/reward overlapped; trl gen = generate + score)"
+        "(off-policy modes: gen/reward overlapped; trl gen = generate + score; update_actor counts "
+        "the tokens it forwarded: rows without a gradient are skipped)"
     )
     for col in ("run", "GEMM GFLOP/s", "stage", "s", "GFLOP", "fraction", "floor s"):
         table.add_column(col, justify="right")
