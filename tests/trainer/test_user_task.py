@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -69,18 +70,25 @@ n = 4
     assert code == 0, err
     sft_acc = val_accuracy(tmp_path / "runs/sft")[-1]
 
-    (tmp_path / "grpo.toml").write_text(
-        f'[run]\nname = "grpo"\noutput_dir = "{tmp_path}/runs"\n[model]\npath = "{tmp_path}/runs/sft/hf"\n'
-        + common
-        + '[algorithm]\npreset = "grpo"\n[actor]\nlr = 3e-4\nuse_kl_loss = false\n'
-        + '[trainer]\nsteps = 30\nprompts_per_step = 8\nval_every = 10\nsave_every = 0\nloggers = ["jsonl"]\n'
-    )
-    code, out, err = run_cli("train", str(tmp_path / "grpo.toml"))
-    assert code == 0, err
-    accs = val_accuracy(tmp_path / "runs/grpo")
-    assert accs[0] == pytest.approx(sft_acc), "GRPO starts from the SFT export"
+    # Three seeds, the median's final accuracy: a 30-step curve on 64 prompts swings 15-25 points
+    # between validations (seeds 1-6 ended at 0.47-0.92 from the same SFT start), so one seed's
+    # last validation says more about its luck than about whether GRPO learns.
+    finals = []
+    for seed in (1, 2, 3):
+        (tmp_path / f"grpo{seed}.toml").write_text(
+            f'[run]\nname = "grpo{seed}"\nseed = {seed}\noutput_dir = "{tmp_path}/runs"\n'
+            + f'[model]\npath = "{tmp_path}/runs/sft/hf"\n'
+            + common
+            + '[algorithm]\npreset = "grpo"\n[actor]\nlr = 3e-4\nuse_kl_loss = false\n'
+            + '[trainer]\nsteps = 30\nprompts_per_step = 8\nval_every = 10\nsave_every = 0\nloggers = ["jsonl"]\n'
+        )
+        code, out, err = run_cli("train", str(tmp_path / f"grpo{seed}.toml"))
+        assert code == 0, err
+        accs = val_accuracy(tmp_path / f"runs/grpo{seed}")
+        assert accs[0] == pytest.approx(sft_acc), "GRPO starts from the SFT export"
+        finals.append(accs[-1])
     assert sft_acc < 0.8, "the warm-up is deliberately short: GRPO must do the rest"
-    # GRPO, not the warm-up, improves held-out accuracy: +0.10 and +0.078 measured with the float32
-    # and the exact float64 sampler (the same SFT start, different random streams)
-    assert accs[-1] >= accs[0] + 0.06, accs
-    assert accs[-1] >= 0.5, accs  # chance is 0.1
+    # GRPO, not the warm-up, improves held-out accuracy (measured: finals 0.47 / 0.92 / 0.67 from 0.55)
+    median = statistics.median(finals)
+    assert median >= sft_acc + 0.06, finals
+    assert median >= 0.5, finals  # chance is 0.1
