@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from rlctl.errors import UserError
+from rlctl.platforms.hub_kernels import no_hub_kernels
 
 DTYPES = {
     "float32": torch.float32,
@@ -62,6 +63,7 @@ def load_causal_lm(
         dtype=resolve_dtype(dtype),
         trust_remote_code=trust_remote_code,
         attn_implementation=attn_implementation,
+        **no_hub_kernels(),
     )
 
 
@@ -115,6 +117,7 @@ def load_value_model(
         dtype=resolve_dtype(dtype),
         trust_remote_code=trust_remote_code,
         attn_implementation=attn_implementation,
+        **no_hub_kernels(),
     )
     model = ValueHeadModel(backbone, backbone.config.hidden_size)
     head = path / "value_head.pt"

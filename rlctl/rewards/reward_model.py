@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from rlctl.errors import UserError
+from rlctl.platforms.hub_kernels import no_hub_kernels
 
 
 class RewardModelScorer:
@@ -25,7 +26,7 @@ class RewardModelScorer:
         if not (p / "config.json").is_file():
             raise UserError(f"reward model path {p} is not a model directory (no config.json)")
         self.tokenizer = AutoTokenizer.from_pretrained(p)
-        self.model = AutoModelForSequenceClassification.from_pretrained(p).to(device).eval()
+        self.model = AutoModelForSequenceClassification.from_pretrained(p, **no_hub_kernels()).to(device).eval()
         if self.model.config.num_labels != 1:
             raise UserError(
                 f"reward model {p}: expected num_labels=1 (one score), got {self.model.config.num_labels}"
