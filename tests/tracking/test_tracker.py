@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sys
 
 import pytest
@@ -143,4 +144,5 @@ def test_wandb_offline_run_is_continued_on_resume_when_installed(tmp_path, monke
         tr.log({"reward/score_mean": 0.75}, step=2)
     assert (tmp_path / "wandb_id").read_text().strip() == run_id
     runs = sorted(p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(name.endswith(run_id) for name in runs)
+    # wandb names a run directory offline-run-<time>-<id>, adding "-1" when both runs start in one second
+    assert len(runs) == 2 and all(re.search(rf"-{run_id}(-\d+)?$", name) for name in runs)
