@@ -49,7 +49,11 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
 
 
 def get_logger(name: str = "rlctl", **bound: Any) -> Any:
-    """A structlog logger bound to ``name`` (configures defaults on first use)."""
-    if not _configured:
+    """A structlog logger bound to ``name``.
+
+    Configures the defaults on first use unless structlog was configured already (by the CLI, by
+    a host program, or by ``structlog.testing.capture_logs``, whose capture must not be replaced).
+    """
+    if not _configured and not structlog.is_configured():
         configure()
     return structlog.get_logger(name).bind(**bound)
