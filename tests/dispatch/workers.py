@@ -39,6 +39,10 @@ class EchoWorker(Worker):
     def expand(self, batch: DataProto, k: int) -> DataProto:
         return batch.repeat(k, interleave=True)
 
+    @register(Dispatch.ONE_TO_ALL)
+    def rows(self, batch: DataProto) -> int:
+        return len(batch)
+
     @register(Dispatch.DP_COMPUTE_METRICS)
     def stats(self, batch: DataProto) -> dict:
         return {"rows": len(batch), "rank": self.rank}
