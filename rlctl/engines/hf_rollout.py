@@ -49,6 +49,9 @@ class HFRolloutEngine:
 
     adapter_sync = True  # built with ``lora``, it takes a LoRA actor's adapter tensors alone
     shares_trainer_base = True  # may be built from the trainer's model (frozen base tensors shared)
+    # its forward reads the module's own parameters, the tensors weight_fingerprint reads (the
+    # sync canary is then a spot check: rlctl.trainer.state.canary.canary_due)
+    computes_with_stored_weights = True
 
     def __init__(
         self,

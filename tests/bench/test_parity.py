@@ -116,6 +116,8 @@ def test_perturbed_attention_kernel_fails_naming_the_quantities(tiny_case):
 class StaleLayerRollout(HFRolloutEngine):
     """A rollout engine computing layer 2 with a stale copy (weights 1% off the ones it loaded)."""
 
+    computes_with_stored_weights = False
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         layer = self.model.model.layers[2]

@@ -1,7 +1,8 @@
-"""The canary after every weight sync: the rollout engine scores a fixed token sequence and the
+"""The canary after a weight sync: the rollout engine scores a fixed token sequence and the
 trainer does too; an engine that stores the new weights but computes with old ones (a test double of
 a captured graph) stops the run at that step naming the engine, while healthy runs log
-``sync/canary_*`` every step."""
+``sync/canary_*`` (every sync, or as a spot check where the engine computes with the very tensors
+the fingerprint reads)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from rlctl.engines.fsdp_train import FSDPTrainEngine
 from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.engines.registry import get_engine
 from rlctl.errors import RunError
-from rlctl.trainer.state.canary import CANARY_LENGTH, SyncCanary, canary_batch, canary_tokens
+from rlctl.trainer.state.canary import (
+    CANARY_LENGTH,
+    SyncCanary,
+    canary_batch,
+    canary_due,
+    canary_tokens,
+)
 from rlctl.trainer.state.fingerprint import SyncCheck, merge_sync_metrics
 from tests.cli_runner import run_cli
 from tests.trainer.test_train_e2e import by_step, metrics
@@ -26,6 +33,8 @@ class CapturedGraphRollout(HFRolloutEngine):
     """A test double of an engine whose compiled graph captured layer 1's weights at load time:
     ``update_weights`` writes the new tensors into the model (its state dict and fingerprints show
     them), but layer 1's forward keeps computing with the snapshot taken when it was built."""
+
+    computes_with_stored_weights = False  # what a compiled engine declares: canaried every sync
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -130,16 +139,33 @@ def test_run_with_a_captured_graph_stops_at_the_first_update_naming_the_engine(
 
 
 @pytest.mark.timeout(300)
-def test_healthy_run_logs_the_canary_every_step(write_profile, tmp_path):
-    profile = write_profile("canary-ok", steps=2)
+def test_healthy_run_spot_checks_the_hf_engine_with_the_canary(write_profile, tmp_path):
+    profile = write_profile("canary-ok", steps=3)
     code, _, err = run_cli("train", str(profile), "--set", "trainer.save_every=0")
     assert code == 0, err
     steps = by_step(metrics(tmp_path / "runs/canary-ok"))
-    for step in (1, 2):
-        s = steps[step]
-        assert s["sync/canary_ok"] == 1.0
-        assert 0 <= s["sync/canary_gap_mean"] < s["sync/canary_limit"] < 1e-3  # fp32 on both sides
-        assert 0 < s["sync/canary_s"] < s["time/step"]
+    s = steps[1]  # the first update's weights (version 2)
+    assert s["sync/canary_ok"] == 1.0
+    assert 0 <= s["sync/canary_gap_mean"] < s["sync/canary_limit"] < 1e-3  # fp32 on both sides
+    assert 0 < s["sync/canary_s"] < s["time/step"]
+    for step in (2, 3):  # versions 3 and 4: the fingerprint alone (the engine computes with what it stores)
+        assert steps[step]["sync/fingerprint_ok"] == 1.0 and "sync/canary_ok" not in steps[step]
+
+
+def test_the_canary_runs_every_sync_unless_the_engine_computes_with_what_it_stores(tiny_model):
+    class Compiled(HFRolloutEngine):
+        computes_with_stored_weights = False
+
+    assert [v for v in range(1, 32) if canary_due(v, HFRolloutEngine)] == [1, 2, 10, 20, 30]
+    assert all(canary_due(v, Compiled) for v in range(1, 32))
+    assert all(canary_due(v, object()) for v in range(1, 32))  # an engine that does not say
+    actor, rollout = FSDPTrainEngine(tiny_model), Compiled(tiny_model)
+    check = SyncCheck(canary=SyncCanary(train_dtype="float32", rollout_dtype="float32"))
+    for _ in range(3):
+        _moved(actor)
+        rollout.update_weights(actor.export_weights("full"))
+        out = check.after_sync(actor.model, rollout, device="cpu", actor=actor)
+        assert out["sync/fingerprint_ok"] == 1.0 and out["sync/canary_ok"] == 1.0
 
 
 def _captured_graph_engines(monkeypatch) -> None:

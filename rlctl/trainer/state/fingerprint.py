@@ -18,6 +18,7 @@ import time
 from rlctl.engines.fingerprint import dtype_named, fingerprint_params, same
 from rlctl.errors import RunError
 from rlctl.log import get_logger
+from rlctl.trainer.state.canary import canary_due
 
 LOGGER = "rlctl.trainer.sync"  # looked up per warning, so the current configuration applies
 
@@ -55,7 +56,8 @@ class SyncCheck:
         self, model, rollout, *, device, group=None, actor=None, params=None
     ) -> dict[str, float]:
         """Count the sync, then fingerprint both sides; RunError naming the first tensor that differs.
-        Then, given the training engine ``actor`` and a canary, the canary (:mod:`.canary`).
+        Then, given the training engine ``actor`` and a canary, the canary where it is due
+        (:func:`.canary.canary_due`).
 
         ``model`` is the training engine's module (plain or FSDP2), ``rollout`` an engine with
         ``weight_fingerprint(spec)``. Every rank of a sharded model must call this together.
@@ -98,7 +100,7 @@ class SyncCheck:
             "sync/fingerprint_s": time.perf_counter() - start,
             "sync/weight_version": float(self.version),
         }
-        if self.canary is not None and actor is not None:
+        if self.canary is not None and actor is not None and canary_due(self.version, rollout):
             out.update(self.canary.check(actor, rollout, self.version))
         return out
 
