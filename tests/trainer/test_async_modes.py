@@ -115,6 +115,34 @@ def test_async_respects_the_staleness_bound(profile_for):
 
 
 @pytest.mark.timeout(300)
+def test_memory_reads_are_on_the_step_clock_and_never_wait_on_the_rollout_workers(profile_for, monkeypatch):
+    """The trainer's thread reads its own groups' peak memory inside the step's clock (the read
+    waits for the trainer's queued work: the weight publish); the rollout workers' peak comes from
+    the rollout thread with each batch. A read of the rollout group from the trainer's thread
+    waits behind the next generation, and off the clock it hid that wait: one_step_off's
+    time/step had been 63% of its wall time per step on the embedded default."""
+    import functools
+    import threading
+    import time
+
+    from rlctl.trainer.workers.memory import PeakMemory
+
+    real, callers = PeakMemory.peak_memory, []
+
+    def slow_read(self):
+        callers.append((type(self).__name__, threading.current_thread() is threading.main_thread()))
+        time.sleep(0.5)
+        return real(self)
+
+    monkeypatch.setattr(PeakMemory, "peak_memory", functools.wraps(real)(slow_read))
+    steps = train(profile_for("mem", "one_step_off", steps=2))
+    assert ("PolicyWorker", True) in callers and ("RolloutWorker", False) in callers
+    assert ("RolloutWorker", True) not in callers
+    for s in (steps[1], steps[2]):
+        assert s["memory/policy_peak_gib"] > 0 and s["memory/rollout_peak_gib"] > 0
+        assert s["time/step"] > 0.5  # the trainer's own read is on the clock
+
+
 def test_async_at_staleness_zero_is_the_sync_run(profile_for):
     # on-policy: the correction's weights are 1 (up to fp32 rounding) and the recomputed log-probs are the
     # update's own, so the off-policy machinery adds nothing to a sync run's numbers

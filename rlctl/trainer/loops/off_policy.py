@@ -47,6 +47,7 @@ from rlctl.trainer.loops.sync import Trainer
 from rlctl.trainer.plan.specs import effective_rollout_correction
 from rlctl.trainer.setup.context import RunContext
 from rlctl.trainer.state.fingerprint import merge_canary_metrics
+from rlctl.trainer.step.memory import peak_memory_metrics
 from rlctl.trainer.step.stages import StageTimer
 from rlctl.trainer.workers.rollout import spawn_rollout_group
 
@@ -141,9 +142,6 @@ class OffPolicyTrainer(Trainer):
             self.rollout_group.shutdown()
             pool.release()
 
-    def memory_groups(self) -> dict:
-        return {**super().memory_groups(), "rollout": self.rollout_group}
-
     def train_step(self, step: int) -> dict[str, float]:
         metrics = super().train_step(step)
         start = time.perf_counter()
@@ -236,6 +234,9 @@ class OffPolicyTrainer(Trainer):
         if int(versions.min()) < self.pipeline.required(index):
             raise RunError(f"batch {index} has samples of version {int(versions.min())}, older than allowed")
         counts = {**counts, **self._canary}  # the canary of the weights ``version`` it was generated with
+        # the rollout workers' peak, read here between their calls (from the trainer's thread the
+        # call would wait behind their next generation)
+        counts.update(peak_memory_metrics({"rollout": self.rollout_group}))
         return Produced(index, batch, version, counts, dict(timer.seconds), self.prompts.position())
 
     def _push(self, version: int, weights: LazyInput) -> None:

@@ -107,7 +107,6 @@ class Trainer:
                 self.step += 1
                 if self._due(self.p.trainer.val_every):
                     metrics.update(self.validate())
-                metrics.update(peak_memory_metrics(self.memory_groups()))
                 self.tracker.log(metrics, step=self.step)
                 last = metrics
                 if self._due(self.p.trainer.save_every) or stop.requested:
@@ -120,7 +119,7 @@ class Trainer:
         return last
 
     def memory_groups(self) -> dict:
-        """The worker groups whose peak memory each step logs (``memory/*``)."""
+        """The worker groups whose peak memory each step reads (``memory/*``)."""
         return {"policy": self.ctx.policy, "ref": self.ctx.ref, "critic": self.ctx.critic}
 
     def train_step(self, step: int) -> dict[str, float]:
@@ -150,6 +149,7 @@ class Trainer:
             metrics.update(mean_metrics(self.ctx.policy.update_actor(self._laid_out(batch, self.ctx.policy))))
         with timer("sync"):  # then the check that the rollout engine holds the new weights
             sync_metrics = self.sync_rollout(step)
+        metrics.update(peak_memory_metrics(self.memory_groups()))  # a call per group: on the clock
         step_s = time.perf_counter() - start
         self.train_time_s += step_s
         tokens = float(batch.batch["attention_mask"].sum())
