@@ -224,7 +224,7 @@ def test_healthy_one_step_off_run_logs_the_rollout_workers_canary_every_step(wri
     for step in (1, 2, 3):
         s = steps[step]
         assert s["async/weight_version_min"] == max(step - 1, 1)  # the pushes of versions 1 and 2
-        assert s["sync/canary_ok"] == 1.0
+        assert s["sync/canary_ok"] == 1.0 and s["sync/fingerprint_ok"] == 1.0
         assert 0 <= s["sync/canary_gap_mean"] < s["sync/canary_limit"] < 1e-3  # fp32 on both sides
         assert 0 < s["sync/canary_s"] < s["time/step"]
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
+from rlctl.engines.hf_rollout import HFRolloutEngine
+from rlctl.engines.registry import get_engine
 from rlctl.errors import RunError
 from rlctl.trainer.state.fingerprint import SKIP_ENV, LogProbGapAlarm, merge_sync_metrics
 from tests.cli_runner import run_cli
@@ -37,6 +39,54 @@ def test_sync_that_skips_a_tensor_stops_within_the_step_naming_it(write_profile,
     steps = by_step(metrics(tmp_path / "runs/skip"))
     assert max(steps) == 1, "no step after the broken sync may be logged"
     assert steps[1]["sync/fingerprint_ok"] == 1.0
+
+
+class DroppingRollout(HFRolloutEngine):
+    """A test double of a loader that silently leaves one tensor out from its third load on."""
+
+    loads = 0
+
+    def update_weights(self, stream):
+        self.loads += 1
+        if self.loads > 2:
+            stream = [(name, t) for name, t in stream if name != SKIPPED]
+        return super().update_weights(stream)
+
+
+@pytest.mark.timeout(300)
+def test_a_push_to_the_rollout_workers_that_skips_a_tensor_stops_naming_it(
+    write_profile, tmp_path, monkeypatch
+):
+    """one_step_off: each push is fingerprinted on the rollout worker, canary due or not (the HF
+    engine's canary is a spot check: weight version 3 gets none)."""
+    import rlctl.trainer.workers.rollout_engines as rollout_engines
+
+    def engines(kind, model_type, backend, device="cpu", vendor=None):
+        found = get_engine(kind, model_type, backend, device, vendor)
+        return DroppingRollout if kind == "rollout" else found
+
+    monkeypatch.setattr(rollout_engines, "get_engine", engines)
+    profile = write_profile("push-skip", steps=4, extra='mode = "one_step_off"\n')
+    profile.write_text(
+        profile.read_text().replace(
+            "micro_batch_sequences = 8", "micro_batch_sequences = 8\nentropy_coeff = 0.01"
+        )
+    )
+    code, _, err = run_cli(
+        "train", str(profile), "--set", "trainer.save_every=0", "--set", "trainer.val_every=0"
+    )
+    assert code == 1, err
+    last = _error_line(err)
+    for needle in (
+        "role=rollout",
+        "method=update_weights",
+        "weight version (rollout worker, DroppingRollout) 3",
+        repr(SKIPPED),
+        "differs from the trainer",
+    ):
+        assert needle in last, (needle, last)
+    steps = by_step(metrics(tmp_path / "runs/push-skip"))
+    assert steps and all(steps[s]["sync/fingerprint_ok"] == 1.0 for s in steps if s > 0)
 
 
 @pytest.mark.timeout(600)

@@ -53,7 +53,7 @@ class SyncCheck:
         self.canary = canary  # a :class:`~.canary.SyncCanary`, run after the fingerprint
 
     def after_sync(
-        self, model, rollout, *, device, group=None, actor=None, params=None
+        self, model, rollout, *, device, group=None, actor=None, params=None, what="weight sync"
     ) -> dict[str, float]:
         """Count the sync, then fingerprint both sides; RunError naming the first tensor that differs.
         Then, given the training engine ``actor`` and a canary, the canary where it is due
@@ -62,7 +62,8 @@ class SyncCheck:
         ``model`` is the training engine's module (plain or FSDP2), ``rollout`` an engine with
         ``weight_fingerprint(spec)``. Every rank of a sharded model must call this together.
         ``params``: ``(HF name, full tensor)`` pairs to check instead of the model's own (a LoRA
-        actor's merged weights, sampled, where the engine holds no adapter).
+        actor's merged weights, sampled, where the engine holds no adapter; the weights a rollout
+        worker was pushed). ``what`` names the sync in errors (``weight sync`` then the count).
         """
         self.version += 1
         start = time.perf_counter()
@@ -91,7 +92,7 @@ class SyncCheck:
             if name in available and not same(ours[name], available[name]):
                 t, r = ours[name][0], available[name][0]
                 raise RunError(
-                    f"weight sync {self.version}: the rollout engine's {name!r} differs from the "
+                    f"{what} {self.version}: the rollout engine's {name!r} differs from the "
                     f"trainer's (fingerprint {r!r} vs {t!r}, rank {self.rank}); the rollout would "
                     "sample from weights the trainer does not have"
                 )
@@ -120,6 +121,19 @@ def merge_sync_metrics(per_rank: list[dict[str, float]] | None) -> dict[str, flo
     }
     out.update(merge_canary_metrics(records))
     return out
+
+
+def merge_push_metrics(records: list[dict[str, float]] | None) -> dict[str, float]:
+    """The checks of weight pushes (every rank's, or a push's and a sync's) as one record: the
+    worst fingerprint verdict and the slowest fingerprint of the records that have one; the
+    canary's merge of the records where it ran."""
+    records = [r for r in records or [] if r]
+    printed = [r for r in records if "sync/fingerprint_ok" in r]
+    out = {}
+    if printed:
+        out["sync/fingerprint_ok"] = min(r["sync/fingerprint_ok"] for r in printed)
+        out["sync/fingerprint_s"] = max(r["sync/fingerprint_s"] for r in printed)
+    return out | merge_canary_metrics([r for r in records if "sync/canary_ok" in r])
 
 
 def merge_canary_metrics(records: list[dict[str, float]] | None) -> dict[str, float]:

@@ -23,7 +23,7 @@ from rlctl.engines.numerics import model_shape, vocab_size_of
 from rlctl.engines.registry import get_engine
 from rlctl.reshard import reshard_train_to_rollout
 from rlctl.trainer.plan.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec
-from rlctl.trainer.state.canary import SyncCanary
+from rlctl.trainer.state.canary import SyncCanary, canary_due
 from rlctl.trainer.state.fingerprint import SyncCheck, without
 from rlctl.trainer.step.minibatch import MINI_BATCH_ROWS, split_mini_batches
 from rlctl.trainer.step.stages import mean_metrics
@@ -280,11 +280,15 @@ class PolicyWorker(PeakMemory, Worker):
         return self._sync_checker
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def full_weights(self) -> PublishedWeights | None:
+    def full_weights(self, version: int | None = None) -> PublishedWeights | None:
         """The actor's full HF-named weights as host copies on rank 0 (None on other ranks; every
         rank gathers), for rollout workers in other processes (``trainer.mode`` one_step_off/async),
-        with the trainer's canary scores for them (every rank scores: collective under FSDP)."""
+        with the trainer's canary scores for them where weight version ``version`` is due one
+        (:func:`~rlctl.trainer.state.canary.canary_due`, asked of this worker's engine, the
+        rollout workers' kind; every rank scores: collective under FSDP)."""
         canary = self._sync_check().canary
+        if version is not None and not canary_due(version, self.rollout):
+            canary = None
         with self._actor_on_device():  # a LoRA actor's rollout engines take the adapter alone
             if self.spec.lora is None:
                 stream = self.actor.export_weights("full")

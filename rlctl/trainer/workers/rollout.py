@@ -8,11 +8,14 @@ same shape as the cluster's): on Ray these are separate actor processes, in-proc
 worker objects the driver calls from its rollout thread. Weights cross as host tensors through
 the driver (``PolicyWorker.full_weights`` -> ``RolloutWorker.update_weights``); each push carries
 the weight version, which every generated sample then reports. Each push is checked as the sync
-mode's syncs are by the canary (:mod:`rlctl.trainer.state.canary`): the trainer's scores travel
-with the weights (:class:`~rlctl.trainer.workers.weight_streams.PublishedWeights`), this worker
-scores the same sequence with its engine once the weights are in; a gap past the tolerance fails
-the push naming the engine, the version and the rank. The verdict (``sync/canary_*``) is returned
-to the driver, which logs it with every step trained on batches generated under those weights.
+mode's syncs are: the fingerprint (:mod:`rlctl.trainer.state.fingerprint`) of what the engine
+stores against the pushed tensors, then the canary (:mod:`rlctl.trainer.state.canary`) where it
+is due: the trainer's scores travel with the weights
+(:class:`~rlctl.trainer.workers.weight_streams.PublishedWeights`), this worker scores the same
+sequence with its engine once the weights are in. A tensor that differs or a gap past the
+tolerance fails the push naming the engine, the version and the rank. The verdicts
+(``sync/fingerprint_*``, ``sync/canary_*``) go back to the driver, which logs them with every
+step trained on batches generated under those weights.
 
 On one CPU host both pools share the same cores: the rollout ranks take half of each host's
 cores and the training ranks the other half (``workers._cpu_threads``, one rule for both sides),
@@ -30,6 +33,7 @@ from rlctl.dispatch import DataProto, Dispatch, Worker, WorkerGroup, register, s
 from rlctl.dispatch.pool import ResourcePool
 from rlctl.trainer.plan.specs import PolicySpec, specs_from_plan
 from rlctl.trainer.state.canary import SyncCanary
+from rlctl.trainer.state.fingerprint import SyncCheck
 from rlctl.trainer.workers.memory import PeakMemory
 from rlctl.trainer.workers.roles import _cpu_threads, rollout_engine, sample_rows
 from rlctl.trainer.workers.weight_streams import PublishedWeights
@@ -50,14 +54,26 @@ class RolloutWorker(PeakMemory, Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def update_weights(self, published: PublishedWeights, version: int) -> dict[str, float]:
-        """Load the trainer's published weights (later samples report ``version``), then the canary:
-        this engine's scores of the trainer's canary against the trainer's. Returns the
-        ``sync/canary_*`` metrics (empty where the trainer sent no canary); RunError past the
-        tolerance."""
+        """Load the trainer's published weights (later samples report ``version``), then check
+        them as a sync is checked: the fingerprint of what the engine now stores against the
+        published tensors, then, where the trainer sent its scores, the canary (this engine's
+        scores of the canary against the trainer's). Returns the ``sync/fingerprint_*`` and
+        ``sync/canary_*`` metrics; RunError on a tensor that differs or a gap past the tolerance."""
         self.rollout.update_weights(published.weights.items())
         self.version = int(version)
+        if getattr(self, "push_check", None) is None:
+            self.push_check = SyncCheck(rank=self.rank)
+        self.push_check.version = self.version - 1  # the check counts this push
+        checked = self.push_check.after_sync(
+            None,
+            self.rollout,
+            device=self.spec.engine.device_type,
+            params=list(published.weights.items()),
+            what=f"weight version (rollout worker, {type(self.rollout).__name__})",
+        )
+        checked.pop("sync/weight_version")
         if published.canary_scores is None:
-            return {}
+            return checked
         start = time.perf_counter()
         if getattr(self, "canary", None) is None:
             engine = self.spec.engine
@@ -78,7 +94,7 @@ class RolloutWorker(PeakMemory, Worker):
             what="weight version",
             vocab_size=published.canary_vocab,
         )
-        return {**out, "sync/canary_s": published.canary_s + time.perf_counter() - start}
+        return {**checked, **out, "sync/canary_s": published.canary_s + time.perf_counter() - start}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
