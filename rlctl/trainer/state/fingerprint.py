@@ -111,20 +111,17 @@ def merge_sync_metrics(per_rank: list[dict[str, float]] | None) -> dict[str, flo
     records = [r for r in per_rank or [] if r]
     if not records:
         return {}
-    out = {
-        "sync/fingerprint_ok": min(r["sync/fingerprint_ok"] for r in records),
-        "sync/fingerprint_s": max(r["sync/fingerprint_s"] for r in records),
+    return {
+        **merge_push_metrics(records),
         "rollout/weight_version": records[0]["sync/weight_version"] - 1.0,  # the version this step sampled
         "sync/weight_version": records[0]["sync/weight_version"],
         # bytes loaded into rank 0's rollout engine (the full model, or a LoRA actor's adapter)
         **{k: records[0][k] for k in ("sync/bytes", "sync/model_bytes") if k in records[0]},
     }
-    out.update(merge_canary_metrics(records))
-    return out
 
 
 def merge_push_metrics(records: list[dict[str, float]] | None) -> dict[str, float]:
-    """The checks of weight pushes (every rank's, or a push's and a sync's) as one record: the
+    """The checks of syncs or weight pushes (every rank's, or a push's and a sync's) as one record: the
     worst fingerprint verdict and the slowest fingerprint of the records that have one; the
     canary's merge of the records where it ran."""
     records = [r for r in records or [] if r]
