@@ -25,7 +25,7 @@ preset = "{preset}"
 [actor]
 lr = 1e-4
 micro_batch_sequences = 8
-use_kl_loss = {kl}
+use_kl_loss = {kl}{actor}
 [rollout]
 engine = "hf"  # the same engine on every device (auto would refuse on a GPU without vLLM)
 n = 4
@@ -63,7 +63,10 @@ def write_profile(tmp_path: Path, tiny_model: str):
         kl: bool = False,
         extra: str = "",
         device: str = "cpu",
+        entropy_coeff: float = 0.0,
     ) -> Path:
+        """``entropy_coeff`` > 0: an entropy bonus, which moves every weight even while all
+        rewards are still 0 (zero advantages), so each sync has new weights to check."""
         text = TINY_RL.format(
             name=name,
             vendor=VENDOR_OF_DEVICE[device],
@@ -73,9 +76,26 @@ def write_profile(tmp_path: Path, tiny_model: str):
             preset=preset,
             steps=steps,
             kl=str(kl).lower(),
+            actor=f"\nentropy_coeff = {entropy_coeff}" if entropy_coeff else "",
         )
         path = tmp_path / f"{name}.toml"
         path.write_text(text + extra)
         return path
 
     return write
+
+
+@pytest.fixture
+def rollout_engine_class(monkeypatch):
+    """``install(cls)``: every rollout engine the run builds (colocated and the rollout workers')
+    is ``cls``; the other engines are the registry's."""
+    import rlctl.trainer.workers.rollout_engines as rollout_engines
+    from rlctl.engines.registry import get_engine
+
+    def install(cls) -> None:
+        def engines(kind, model_type, backend, device="cpu", vendor=None):
+            return cls if kind == "rollout" else get_engine(kind, model_type, backend, device, vendor)
+
+        monkeypatch.setattr(rollout_engines, "get_engine", engines)
+
+    return install

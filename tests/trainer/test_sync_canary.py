@@ -13,7 +13,6 @@ import torch
 
 from rlctl.engines.fsdp_train import FSDPTrainEngine
 from rlctl.engines.hf_rollout import HFRolloutEngine
-from rlctl.engines.registry import get_engine
 from rlctl.errors import RunError
 from rlctl.trainer.state.canary import (
     CANARY_LENGTH,
@@ -110,25 +109,10 @@ def test_engine_without_scoring_reports_minus_one_once(tiny_model, caplog):
 
 @pytest.mark.timeout(300)
 def test_run_with_a_captured_graph_stops_at_the_first_update_naming_the_engine(
-    write_profile, tmp_path, monkeypatch
+    write_profile, tmp_path, rollout_engine_class
 ):
-    import rlctl.trainer.workers.rollout_engines as rollout_engines
-
-    def engines(kind, model_type, backend, device="cpu", vendor=None):
-        return (
-            CapturedGraphRollout
-            if kind == "rollout"
-            else get_engine(kind, model_type, backend, device, vendor)
-        )
-
-    monkeypatch.setattr(rollout_engines, "get_engine", engines)
-    profile = write_profile("stale", steps=3)
-    # an entropy bonus moves every weight even while all rewards are still 0 (zero advantages)
-    profile.write_text(
-        profile.read_text().replace(
-            "micro_batch_sequences = 8", "micro_batch_sequences = 8\nentropy_coeff = 0.01"
-        )
-    )
+    rollout_engine_class(CapturedGraphRollout)
+    profile = write_profile("stale", steps=3, entropy_coeff=0.01)
     code, _, err = run_cli("train", str(profile), "--set", "trainer.save_every=0")
     assert code == 1, err
     last = err.strip().splitlines()[-1]
@@ -168,31 +152,12 @@ def test_the_canary_runs_every_sync_unless_the_engine_computes_with_what_it_stor
         assert out["sync/fingerprint_ok"] == 1.0 and out["sync/canary_ok"] == 1.0
 
 
-def _captured_graph_engines(monkeypatch) -> None:
-    """Every rollout engine the run builds (colocated and the rollout workers') is a CapturedGraphRollout."""
-    import rlctl.trainer.workers.rollout_engines as rollout_engines
-
-    def engines(kind, model_type, backend, device="cpu", vendor=None):
-        return (
-            CapturedGraphRollout
-            if kind == "rollout"
-            else get_engine(kind, model_type, backend, device, vendor)
-        )
-
-    monkeypatch.setattr(rollout_engines, "get_engine", engines)
-
-
 @pytest.mark.timeout(300)
 def test_one_step_off_rollout_worker_stops_at_the_first_stale_push_naming_the_engine(
-    write_profile, tmp_path, monkeypatch
+    write_profile, tmp_path, rollout_engine_class
 ):
-    _captured_graph_engines(monkeypatch)
-    profile = write_profile("stale-off", steps=3, extra='mode = "one_step_off"\n')
-    profile.write_text(
-        profile.read_text().replace(
-            "micro_batch_sequences = 8", "micro_batch_sequences = 8\nentropy_coeff = 0.01"
-        )
-    )
+    rollout_engine_class(CapturedGraphRollout)
+    profile = write_profile("stale-off", steps=3, extra='mode = "one_step_off"\n', entropy_coeff=0.01)
     # no validation: the colocated engine (synced only before one) stays out of it
     code, _, err = run_cli(
         "train", str(profile), "--set", "trainer.save_every=0", "--set", "trainer.val_every=0"

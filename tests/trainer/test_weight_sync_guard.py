@@ -8,7 +8,6 @@ import pytest
 from structlog.testing import capture_logs
 
 from rlctl.engines.hf_rollout import HFRolloutEngine
-from rlctl.engines.registry import get_engine
 from rlctl.errors import RunError
 from rlctl.trainer.state.fingerprint import SKIP_ENV, LogProbGapAlarm, merge_sync_metrics
 from tests.cli_runner import run_cli
@@ -24,12 +23,7 @@ def _error_line(err: str) -> str:
 
 @pytest.mark.timeout(300)
 def test_sync_that_skips_a_tensor_stops_within_the_step_naming_it(write_profile, tmp_path, monkeypatch):
-    profile = write_profile("skip", steps=2)
-    # an entropy bonus moves every weight even while all rewards are still 0 (zero advantages)
-    text = profile.read_text().replace(
-        "micro_batch_sequences = 8", "micro_batch_sequences = 8\nentropy_coeff = 0.01"
-    )
-    profile.write_text(text)
+    profile = write_profile("skip", steps=2, entropy_coeff=0.01)
     monkeypatch.setenv(SKIP_ENV, f"{SKIPPED}@2")
     code, _, err = run_cli("train", str(profile), "--set", "trainer.save_every=0")
     assert code == 1, err
@@ -55,23 +49,12 @@ class DroppingRollout(HFRolloutEngine):
 
 @pytest.mark.timeout(300)
 def test_a_push_to_the_rollout_workers_that_skips_a_tensor_stops_naming_it(
-    write_profile, tmp_path, monkeypatch
+    write_profile, tmp_path, rollout_engine_class
 ):
     """one_step_off: each push is fingerprinted on the rollout worker, canary due or not (the HF
     engine's canary is a spot check: weight version 3 gets none)."""
-    import rlctl.trainer.workers.rollout_engines as rollout_engines
-
-    def engines(kind, model_type, backend, device="cpu", vendor=None):
-        found = get_engine(kind, model_type, backend, device, vendor)
-        return DroppingRollout if kind == "rollout" else found
-
-    monkeypatch.setattr(rollout_engines, "get_engine", engines)
-    profile = write_profile("push-skip", steps=4, extra='mode = "one_step_off"\n')
-    profile.write_text(
-        profile.read_text().replace(
-            "micro_batch_sequences = 8", "micro_batch_sequences = 8\nentropy_coeff = 0.01"
-        )
-    )
+    rollout_engine_class(DroppingRollout)
+    profile = write_profile("push-skip", steps=4, extra='mode = "one_step_off"\n', entropy_coeff=0.01)
     code, _, err = run_cli(
         "train", str(profile), "--set", "trainer.save_every=0", "--set", "trainer.val_every=0"
     )
@@ -94,11 +77,8 @@ def test_two_ranks_on_ray_check_the_reshard_and_stop_on_a_skipped_tensor(
     write_profile, tmp_path, monkeypatch, ray_session
 ):
     """Two FSDP2 ranks: each fingerprints its own shards (sums all-reduced) against its rollout copy."""
-    profile = write_profile("ray-skip", backend="ray", steps=2)
-    text = profile.read_text().replace("[cluster]", "[cluster]\ndevices_per_node = 2")
-    profile.write_text(
-        text.replace("micro_batch_sequences = 8", "micro_batch_sequences = 8\nentropy_coeff = 0.01")
-    )
+    profile = write_profile("ray-skip", backend="ray", steps=2, entropy_coeff=0.01)
+    profile.write_text(profile.read_text().replace("[cluster]", "[cluster]\ndevices_per_node = 2"))
     monkeypatch.setenv(SKIP_ENV, f"{SKIPPED}@2")  # read on the driver, passed to every rank
     code, _, err = run_cli("train", str(profile), "--set", "trainer.save_every=0")
     assert code == 1, err
