@@ -136,6 +136,8 @@ def summarise_metrics(
         stages=stages,
     )
     row["update_token_frac"] = update_frac
+    lengths = [r["response_length/mean"] for r in timed if "response_length/mean" in r]
+    row["response_tokens"] = statistics.median(lengths) if lengths else None
     if any("async/staleness_mean" in r for r in steps):
         row["staleness_mean"] = statistics.mean(r.get("async/staleness_mean", 0.0) for r in steps)
         row["staleness_max"] = max(r.get("async/staleness_max", 0.0) for r in steps)

@@ -25,6 +25,7 @@ PER_SEED_KEYS = (
     "matmul_fraction",
     "tokens_per_step",
     "update_token_frac",
+    "response_tokens",
     "stages_s",
     "curve",
     "staleness_mean",
@@ -66,6 +67,7 @@ def combine_seeds(name: str, runs: list[dict[str, Any]], seeds: list[int]) -> di
         "matmul_fraction": _median([r["matmul_fraction"] for r in runs]),
         "tokens_per_step": _median([r.get("tokens_per_step") for r in runs]),
         "update_token_frac": _median([r.get("update_token_frac", 1.0) for r in runs]),
+        "response_tokens": _median([r.get("response_tokens") for r in runs]),
         "host_matmul_gflops": _median([r.get("host_matmul_gflops") for r in runs]),
         "stages_s": {k: _median([r["stages_s"].get(k) for r in runs]) for k in stage_names},
     }

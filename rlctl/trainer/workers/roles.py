@@ -72,10 +72,17 @@ def _cpu_threads(worker: Worker, spec: EngineSpec, side: str = "train") -> int |
     cores, ranks = os.cpu_count() or 1, max(1, worker.ctx.local_world_size)
     threads = max(1, cores // ranks)
     if (spec.separate_rollout or side == "rollout") and not worker.ctx.in_process:
-        rollout = max(1, cores // (2 * ranks))
-        threads = rollout if side == "rollout" else max(1, (cores - ranks * rollout) // ranks)
+        rollout, train = split_cpu_threads(cores, ranks)
+        threads = rollout if side == "rollout" else train
     torch.set_num_threads(threads)
     return threads
+
+
+def split_cpu_threads(cores: int, ranks: int) -> tuple[int, int]:
+    """(rollout, train) threads per rank when a host's ``ranks`` training ranks share its ``cores``
+    with as many rollout ranks: half the cores to rollout, the rest to training, at least one each."""
+    rollout = max(1, cores // (2 * ranks))
+    return rollout, max(1, (cores - ranks * rollout) // ranks)
 
 
 def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool = False, lora=None):
