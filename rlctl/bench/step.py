@@ -38,6 +38,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from rlctl.bench.step_bare import bare_model_ratios, bare_model_shape, measure_bare_model
 from rlctl.bench.step_baseline import run_baseline
 from rlctl.bench.step_common import (
     MODES,
@@ -47,7 +48,6 @@ from rlctl.bench.step_common import (
     shipped_profile,
     summarise_metrics,
 )
-from rlctl.bench.step_floor import floor_ratios, floor_shape, measure_floor
 from rlctl.bench.step_flops import ModelShape, model_shape, model_shape_gemm, stage_work
 from rlctl.bench.step_seeds import accuracy_at_equal_time, combine_seeds, equal_time
 from rlctl.bench.step_trl import run_trl
@@ -112,7 +112,7 @@ def run_step_bench(cfg: StepBenchConfig) -> dict[str, Any]:
             rows += [combine_seeds(f"baseline-{m}", runs, seeds) for m, runs in by_mode.items()]
         for r in rows:
             add_stage_work(r, base, shape)
-        floor = eager_floor(rows, base, model_dir)
+        bare = bare_model(rows, base, model_dir)
         equal_s = equal_time(rows)
         for r in rows:
             r["accuracy_at_equal_time"] = accuracy_at_equal_time(r, equal_s)
@@ -131,18 +131,19 @@ def run_step_bench(cfg: StepBenchConfig) -> dict[str, Any]:
             "host_matmul_model_shape": model_gemm,
             "matmul_params": params,
             "rows": rows,
-            "floor": floor,
-            "ratios": {**ratios(rows), **(floor_ratios(rows, floor) if floor else {})},
+            "bare_model": bare,
+            "ratios": {**ratios(rows), **(bare_model_ratios(rows, bare) if bare else {})},
         }
         if cfg.out_dir:
             result["png"] = plot_curves(rows, out / "bench_step.png", cfg.target)
         return result
 
 
-def eager_floor(rows: list[dict[str, Any]], profile, model_dir) -> dict[str, Any] | None:
-    """:mod:`rlctl.bench.step_floor` at the first rlctl row's shapes, on the threads the loops'
+def bare_model(rows: list[dict[str, Any]], profile, model_dir) -> dict[str, Any] | None:
+    """:mod:`rlctl.bench.step_bare` at the first rlctl row's shapes, on the threads the loops'
     workers have (``platform.cpu_threads``, or: sync's colocated worker the host's cores over the
-    node's ranks, the off-policy sides their split of them); None without an rlctl row."""
+    node's ranks, the off-policy sides their split of them), its update over the share of the groups
+    that run forwarded (``update_token_frac``); None without an rlctl row."""
     import os
 
     ours = [r for r in rows if r["name"] in MODES]
@@ -150,14 +151,17 @@ def eager_floor(rows: list[dict[str, Any]], profile, model_dir) -> dict[str, Any
         return None
     from rlctl.trainer.workers.roles import split_cpu_threads
 
-    prompt_tokens, response_tokens = floor_shape(ours[0], profile.sequences_per_step)
+    prompt_tokens, response_tokens = bare_model_shape(ours[0], profile.sequences_per_step)
     cores, ranks, fixed = os.cpu_count() or 1, profile.cluster.devices_per_node, profile.platform.cpu_threads
-    return measure_floor(
+    return measure_bare_model(
         model_dir,
         prompts=profile.trainer.prompts_per_step,
         n=profile.rollout.n,
         prompt_tokens=prompt_tokens,
         response_tokens=response_tokens,
+        update_prompts=max(
+            1, round(profile.trainer.prompts_per_step * (ours[0]["update_token_frac"] or 1.0))
+        ),
         threads=fixed or max(1, cores // ranks),
         split_threads=(fixed, fixed) if fixed else split_cpu_threads(cores, ranks),
     )

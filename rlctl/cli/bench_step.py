@@ -150,23 +150,24 @@ def render(result: dict) -> None:
     console = Console()
     console.print(table)
     console.print(stage_table(result))
-    floor = result.get("floor")
-    if floor:
+    bare = result.get("bare_model")
+    if bare:
         console.print(
-            f"eager floor (the bare transformers model at these shapes, {floor['threads']} threads, "
-            f"{floor['prompt_tokens']} prompt + {floor['response_tokens']:.2f} response tokens a row): "
-            f"gen {floor['gen_s']:.4f} + update {floor['update_s']:.4f} = {floor['step_s']:.4f} s/step"
+            f"bare model (plain transformers at these shapes, {bare['prompt_tokens']} prompt + "
+            f"{bare['response_tokens']:.2f} response tokens a row, update over {bare['update_prompts']} of "
+            f"{bare['prompts']} groups): gen {bare['gen_s']:.4f} + update {bare['update_s']:.4f} = "
+            f"{bare['step_s']:.4f} s/step on {bare['threads']} threads"
         )
-        if "overlapped_step_s" in floor:
-            rollout, train = floor["split_threads"]
+        if "overlapped_step_s" in bare:
+            rollout, train = bare["split_threads"]
             console.print(
                 f"overlapped (gen on {rollout}, update on {train} threads at once): "
-                f"max({floor['gen_split_s']:.4f}, {floor['update_split_s']:.4f}) = "
-                f"{floor['overlapped_step_s']:.4f} s/step"
+                f"max({bare['gen_split_s']:.4f}, {bare['update_split_s']:.4f}) = {bare['overlapped_step_s']:.4f} s/step"
             )
-        best = min(floor["step_s"], floor.get("overlapped_step_s", floor["step_s"]))
         for r in result["rows"]:
-            console.print(f"{r['name']}: {r['s_per_step'] / best:.2f}x the lower floor's s/step")
+            ratio = result["ratios"].get(f"{r['name']}_s_per_step_vs_bare_model")
+            if ratio is not None:
+                console.print(f"{r['name']}: {ratio:.2f}x the bare model's s/step (the lower of the two)")
     for name, value in result.get("ratios", {}).items():
         if name.endswith("_vs_baseline"):
             console.print(f"{name}: {value:.3f}")

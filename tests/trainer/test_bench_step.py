@@ -69,12 +69,13 @@ def test_bench_step_json_runs_each_mode(tmp_path):
         assert r["matmul_fraction"] > 0 and "update_actor" in r["stages_s"]
     assert "wait_rollout" in result["rows"][1]["stages_s"] and "staleness_mean" in result["rows"][1]
     assert "async_samples_per_s_vs_sync" in result["ratios"]
-    # the eager floor at the sync run's shapes: 2 prompts x 2, its response length, both thread splits
-    floor, sync = result["floor"], result["rows"][0]
-    assert (floor["prompts"], floor["n"]) == (2, 2) and floor["response_tokens"] > 0
-    assert sync["response_tokens"] == pytest.approx(floor["response_tokens"], abs=0.25 + 1e-9)
-    assert floor["step_s"] > 0 and floor["overlapped_step_s"] > 0
-    assert set(result["ratios"]) >= {"sync_s_per_step_vs_floor", "async_s_per_step_vs_floor"}
+    # the bare model at the sync run's shapes: 2 prompts x 2, its response length, both thread splits
+    bare, sync = result["bare_model"], result["rows"][0]
+    assert (bare["prompts"], bare["n"]) == (2, 2) and bare["response_tokens"] > 0
+    assert bare["update_prompts"] == max(1, round(2 * sync["update_token_frac"]))
+    assert sync["response_tokens"] == pytest.approx(bare["response_tokens"], abs=0.25 + 1e-9)
+    assert bare["step_s"] > 0 and bare["overlapped_step_s"] > 0
+    assert set(result["ratios"]) >= {"sync_s_per_step_vs_bare_model", "async_s_per_step_vs_bare_model"}
     # accuracy at the training seconds both runs reached: the shorter run's last validation
     equal = min(r["curve"][-1]["train_s"] for r in result["rows"])
     assert result["equal_time_s"] == equal

@@ -1,4 +1,4 @@
-"""The eager floor of ``rlctl bench step``: the work it times and the shapes it builds, never its timings."""
+"""The bare-model reference of ``rlctl bench step``: the work it times and the shapes it builds, never its timings."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlctl.bench import step_floor
-from rlctl.bench.step_floor import floor_ratios, floor_shape, measure_floor, step_rows
+from rlctl.bench import step_bare
+from rlctl.bench.step_bare import bare_model_ratios, bare_model_shape, measure_bare_model, step_rows
 from tests.engines.helpers import make_model
 
 
@@ -35,56 +35,66 @@ def test_rows_hold_the_mean_response_length_in_whole_tokens(prompts, n, prompt_t
 
 
 def _stage_threads(monkeypatch) -> list[int]:
-    """Record the thread count of every stage the floor times (each once after its warm-up)."""
+    """Record the thread count of every stage the reference times (each once after its warm-up)."""
     seen: list[int] = []
-    monkeypatch.setattr(step_floor, "MIN_REPEATS", 1)
-    monkeypatch.setattr(step_floor, "MAX_REPEATS", 1)
-    real = step_floor._on_threads
+    monkeypatch.setattr(step_bare, "MIN_REPEATS", 1)
+    monkeypatch.setattr(step_bare, "MAX_REPEATS", 1)
+    real = step_bare._on_threads
 
     def on_threads(threads, fn):
         seen.append(threads)
         return real(threads, fn)
 
-    monkeypatch.setattr(step_floor, "_on_threads", on_threads)
+    monkeypatch.setattr(step_bare, "_on_threads", on_threads)
     return seen
 
 
-def test_floor_times_the_packed_update_and_one_decode_pass_per_token(tmp_path, monkeypatch):
+def test_the_bare_model_times_the_packed_update_of_the_kept_groups_and_one_decode_pass_per_token(
+    tmp_path, monkeypatch
+):
     from transformers import Qwen2ForCausalLM
 
     model_dir = make_model(tmp_path / "m")
     calls: list[tuple[int, ...]] = []
     real_forward = Qwen2ForCausalLM.forward
 
-    @functools.wraps(real_forward)  # keeps the signature the floor reads the cache keyword from
+    @functools.wraps(real_forward)  # keeps the signature the reference reads the cache keyword from
     def forward(self, input_ids=None, **kw):
         calls.append(tuple(input_ids.shape))
         return real_forward(self, input_ids=input_ids, **kw)
 
     monkeypatch.setattr(Qwen2ForCausalLM, "forward", forward)
     threads = _stage_threads(monkeypatch)
-    floor = measure_floor(
-        model_dir, prompts=2, n=4, prompt_tokens=5, response_tokens=2.5, threads=2, split_threads=(1, 1)
+    bare = measure_bare_model(
+        model_dir,
+        prompts=3,
+        n=4,
+        prompt_tokens=5,
+        response_tokens=2.5,
+        threads=2,
+        update_prompts=2,
+        split_threads=(1, 1),
     )
     assert threads == [2, 2, 1, 1]  # gen, update on the sync threads; then each side's
-    gen = [(2, 5), (8, 1), (8, 1)]  # distinct prompts once, then width - 1 = 2 decode passes of every row
-    update = [(2, 5 - 1 + 4 * (1 + 3))]  # one packed row per prompt: its prompt, 4 segments of <= 3 + 1
+    gen = [(3, 5), (12, 1), (12, 1)]  # distinct prompts once, then width - 1 = 2 decode passes of every row
+    # the kept groups only, one packed row each: its prompt, 4 segments of <= 3 + 1 tokens
+    update = [(2, 5 - 1 + 4 * (1 + 3))]
     per_stage = gen * 2 + update * 2  # warm-up + one timed call
     assert calls == per_stage * 2
-    assert floor["step_s"] == pytest.approx(floor["gen_s"] + floor["update_s"])
-    assert floor["overlapped_step_s"] == max(floor["gen_split_s"], floor["update_split_s"])
-    assert floor["response_tokens"] == 2.5 and floor["split_threads"] == [1, 1]
+    assert bare["step_s"] == pytest.approx(bare["gen_s"] + bare["update_s"])
+    assert bare["overlapped_step_s"] == max(bare["gen_split_s"], bare["update_split_s"])
+    assert bare["response_tokens"] == 2.5 and bare["split_threads"] == [1, 1] and bare["update_prompts"] == 2
 
 
-def test_rows_are_measured_against_the_lower_floor_and_shaped_by_the_first_run():
+def test_rows_are_measured_against_the_lower_bare_step_and_shaped_by_the_first_run():
     rows = [{"name": "sync", "s_per_step": 0.06}, {"name": "trl", "s_per_step": 0.12}]
-    assert floor_ratios(rows, {"step_s": 0.05, "overlapped_step_s": 0.03}) == {
-        "sync_s_per_step_vs_floor": pytest.approx(2.0),
-        "trl_s_per_step_vs_floor": pytest.approx(4.0),
+    assert bare_model_ratios(rows, {"step_s": 0.05, "overlapped_step_s": 0.03}) == {
+        "sync_s_per_step_vs_bare_model": pytest.approx(2.0),
+        "trl_s_per_step_vs_bare_model": pytest.approx(4.0),
     }
-    assert floor_ratios(rows, {"step_s": 0.04}) == {
-        "sync_s_per_step_vs_floor": pytest.approx(1.5),
-        "trl_s_per_step_vs_floor": pytest.approx(3.0),
+    assert bare_model_ratios(rows, {"step_s": 0.04}) == {
+        "sync_s_per_step_vs_bare_model": pytest.approx(1.5),
+        "trl_s_per_step_vs_bare_model": pytest.approx(3.0),
     }
     # 64 rows of 11.6 real tokens, 3.6 of them response: 8 prompt tokens a row
-    assert floor_shape({"tokens_per_step": 742.4, "response_tokens": 3.6}, 64) == (8, 3.6)
+    assert bare_model_shape({"tokens_per_step": 742.4, "response_tokens": 3.6}, 64) == (8, 3.6)

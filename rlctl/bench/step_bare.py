@@ -1,19 +1,21 @@
-"""The eager floor of a step in ``rlctl bench step``: the profile's model as bare transformers +
-torch (no engine, no dispatch, no reward, no sync) at the step's shapes, on this host.
+"""The bare model at a step's shapes, for ``rlctl bench step``: the profile's model as plain
+transformers + torch (no engine, no dispatch, no reward, no weight sync) doing the step's model
+work on this host, so every row's s/step can be read against it.
 
-- ``update``: one forward of the step's rows in the packed layout the trainer uses
+- ``update``: one forward of the step's rows with a gradient (``update_prompts`` groups of ``n``:
+  the update skips groups whose advantages are all 0) in the packed layout the trainer uses
   (:mod:`rlctl.engines.packing`: each prompt once, every response a segment), log-softmax of the
   response tokens, backward, one fused AdamW step;
 - ``gen``: a prefill of the distinct prompts, their KV cache repeated ``n`` times, then one decode
-  pass per response token with multinomial sampling (the HF engine's work without its bookkeeping).
+  pass of every row per token up to the longest response, multinomial sampling.
 
 Every row is ``prompt_tokens`` prompt + ``response_tokens`` response tokens on average (the first
 rlctl run's medians), the ids random: the time of a dense model does not depend on them; fp32, the
-CPU platform's compute dtype. ``step_s`` = gen + update on the sync worker's threads is what a loop
-that adds nothing to the model's own eager compute pays per step on this host;
-``overlapped_step_s`` = the longer of the two, each on its side's share of the cores, is the
-off-policy modes' (generation and training at once). A row's s/step over the lower of the two is
-its overhead, and TRL's over it bounds what any eager stack can gain over TRL here.
+CPU platform's compute dtype. ``step_s`` = gen + update on the sync worker's threads;
+``overlapped_step_s`` = the longer of the two, each on its side's share of the cores (the
+off-policy modes run them at once). It is a reference, not a bound: the HF engine's decode drops
+finished rows and its log-probs are chunked, so an engine can run below it on a large vocabulary;
+where a row is well above it, the difference is the loop's own overhead.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ BUDGET_S = 10.0  # per measured stage, after the warm-up call
 
 def timed_best(fn: Callable[[], None]) -> float:
     """Best seconds of ``fn`` over MIN_REPEATS..MAX_REPEATS calls (as many as BUDGET_S allows)
-    after one warm-up call: a floor is what the host can do, as the GEMM rate is its best."""
+    after one warm-up call: what the host can do, as the GEMM rate is its best."""
     fn()
     times: list[float] = []
     spent = 0.0
@@ -61,7 +63,7 @@ def step_rows(prompts: int, n: int, prompt_tokens: int, response_tokens: float, 
     return prompt, input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), width
 
 
-def measure_floor(
+def measure_bare_model(
     model_path: str | Path,
     *,
     prompts: int,
@@ -69,13 +71,15 @@ def measure_floor(
     prompt_tokens: int,
     response_tokens: float,
     threads: int,
+    update_prompts: int | None = None,
     split_threads: tuple[int, int] | None = None,
     dtype: str = "float32",
 ) -> dict[str, Any]:
     """``gen_s``, ``update_s`` (best of a few calls) and their sum ``step_s`` on ``threads`` threads (the sync
     worker's: it has the cores to itself); with ``split_threads`` = (rollout, train) threads, also
     each stage on its side's share of the cores and ``overlapped_step_s``, the longer of the two
-    (the off-policy modes' floor, where generation and training run at once)."""
+    (the off-policy modes run generation and training at once). The update forwards the first
+    ``update_prompts`` groups (all of them by default)."""
     from rlctl.engines.hf_model import load_causal_lm
 
     model = load_causal_lm(model_path, dtype=dtype)
@@ -84,7 +88,8 @@ def measure_floor(
         prompts, n, max(1, prompt_tokens), max(1.0, response_tokens), vocab
     )
     generate = _generate(model, prompt, n, width)
-    update = _update(model, input_ids, mask, positions, width)
+    kept = n * min(prompts, update_prompts or prompts)
+    update = _update(model, input_ids[:kept], mask[:kept], positions[:kept], width)
     gen_s = _on_threads(threads, generate)
     update_s = _on_threads(threads, update)
     out = {
@@ -94,6 +99,7 @@ def measure_floor(
         "threads": threads,
         "prompts": prompts,
         "n": n,
+        "update_prompts": kept // n,
         "prompt_tokens": max(1, prompt_tokens),
         "response_tokens": float(mask[:, prompt.shape[1] :].sum() / len(mask)),
     }
@@ -169,14 +175,13 @@ def _generate(model, prompt: torch.Tensor, n: int, width: int) -> Callable[[], N
     return generate
 
 
-def floor_ratios(rows: list[dict[str, Any]], floor: dict[str, Any]) -> dict[str, float]:
-    """Each row's s/step over the floor's (1.0: nothing but the model's eager compute), the best of
-    the sync and the overlapped floor."""
-    best = min(floor["step_s"], floor.get("overlapped_step_s", floor["step_s"]))
-    return {f"{r['name']}_s_per_step_vs_floor": r["s_per_step"] / best for r in rows}
+def bare_model_ratios(rows: list[dict[str, Any]], bare: dict[str, Any]) -> dict[str, float]:
+    """Each row's s/step over the bare model's, the lower of its sync and overlapped step."""
+    best = min(bare["step_s"], bare.get("overlapped_step_s", bare["step_s"]))
+    return {f"{r['name']}_s_per_step_vs_bare_model": r["s_per_step"] / best for r in rows}
 
 
-def floor_shape(row: dict[str, Any], sequences: int) -> tuple[int, float]:
+def bare_model_shape(row: dict[str, Any], sequences: int) -> tuple[int, float]:
     """(prompt, response) tokens per row of a run: its median response length, and the rest of its
     median real tokens per sequence (rounded: every prompt row has one length)."""
     response = row.get("response_tokens") or 1.0
