@@ -46,9 +46,12 @@ def timed_best(fn: Callable[[], None]) -> float:
     return min(times)
 
 
-def step_rows(prompts: int, n: int, prompt_tokens: int, response_tokens: float, vocab: int, seed: int = 0):
+def step_rows(
+    prompts: int, n: int, prompt_tokens: int, response_tokens: float, vocab: int, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """verl's layout of one step: ``n`` adjacent rows per prompt of ``prompt_tokens`` each, the
-    responses right-padded, their lengths whole numbers that sum to ``response_tokens`` a row."""
+    responses right-padded, their lengths whole numbers that sum to ``response_tokens`` a row.
+    Returns the distinct prompts, input ids, attention mask, positions and the response width."""
     rows = prompts * n
     total = max(rows, round(response_tokens * rows))
     lengths = torch.full((rows,), total // rows)
@@ -168,9 +171,8 @@ def _generate(model, prompt: torch.Tensor, n: int, width: int) -> Callable[[], N
             if t == width - 1:
                 break
             position = torch.full((len(token), 1), prompt.shape[1] + t)
-            logits = model(input_ids=token, use_cache=True, position_ids=position, **{name: cache}).logits[
-                :, -1
-            ]
+            out = model(input_ids=token, use_cache=True, position_ids=position, **{name: cache})
+            logits = out.logits[:, -1]
 
     return generate
 
