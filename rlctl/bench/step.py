@@ -22,6 +22,8 @@ the same way:
   floor at that rate (:mod:`rlctl.bench.step_flops`); in the off-policy modes ``gen`` and ``reward`` run on the
   rollout thread, overlapped, and ``wait_rollout`` is what the trainer waited for them. TRL's
   step splits into ``gen`` (its generate-and-score method) and ``update_actor`` (the rest).
+- **bare model** (on CPU): the profile's model as plain transformers at the first rlctl run's
+  shapes, with nothing around it (:mod:`rlctl.bench.step_bare`), and every row's s/step over it.
 - **seeds** (``--seeds k``): every row runs k times, ``run.seed`` = the profile's + 0..k-1; the
   row holds medians over the seeds (:mod:`rlctl.bench.step_seeds`), each seed's values beside.
 - **baseline** (``--baseline DIR``): the same bench run by the rlctl checkout in DIR, rows
@@ -143,13 +145,16 @@ def bare_model(rows: list[dict[str, Any]], profile, model_dir) -> dict[str, Any]
     """:mod:`rlctl.bench.step_bare` at the first rlctl row's shapes, on the threads the loops'
     workers have (``platform.cpu_threads``, or: sync's colocated worker the host's cores over the
     node's ranks, the off-policy sides their split of them), its update over the share of the groups
-    that run forwarded (``update_token_frac``); None without an rlctl row."""
+    that run forwarded (``update_token_frac``); None without an rlctl row or off CPU (it runs on
+    the host's cores)."""
     import os
 
-    ours = [r for r in rows if r["name"] in MODES]
-    if not ours:
-        return None
+    from rlctl.platforms.resolve import resolve_platform
     from rlctl.trainer.workers.roles import split_cpu_threads
+
+    ours = [r for r in rows if r["name"] in MODES]
+    if not ours or resolve_platform(profile.platform.vendor).device_type != "cpu":
+        return None
 
     prompt_tokens, response_tokens = bare_model_shape(ours[0], profile.sequences_per_step)
     cores, ranks, fixed = os.cpu_count() or 1, profile.cluster.devices_per_node, profile.platform.cpu_threads
