@@ -78,8 +78,8 @@ def measure_bare_model(
     split_threads: tuple[int, int] | None = None,
     dtype: str = "float32",
 ) -> dict[str, Any]:
-    """``gen_s``, ``update_s`` (best of a few calls) and their sum ``step_s`` on ``threads`` threads (the sync
-    worker's: it has the cores to itself); with ``split_threads`` = (rollout, train) threads, also
+    """``gen_s``, ``update_s`` (best of a few calls) and their sum ``step_s`` on ``threads``
+    threads (the sync worker's: it has the cores to itself); with ``split_threads`` = (rollout, train) threads, also
     each stage on its side's share of the cores and ``overlapped_step_s``, the longer of the two
     (the off-policy modes run generation and training at once). The update forwards the first
     ``update_prompts`` groups (all of them by default)."""
@@ -103,7 +103,7 @@ def measure_bare_model(
         "prompts": prompts,
         "n": n,
         "update_prompts": kept // n,
-        "prompt_tokens": max(1, prompt_tokens),
+        "prompt_tokens": prompt.shape[1],
         "response_tokens": float(mask[:, prompt.shape[1] :].sum() / len(mask)),
     }
     if split_threads is not None:
