@@ -224,3 +224,79 @@ def dtype_named(name: str) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"not a torch dtype: {name!r}")
     return dtype
+
+
+@functools.lru_cache(maxsize=8192)
+def _column_positions(
+    name: str, shape: Shape, start: int, cols: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """As :func:`_shard_positions` for a ``Shard(1)`` piece of a 2-D tensor holding global columns
+    ``[start, start + cols)`` (a row-parallel weight of tensor parallelism)."""
+    pos, _ = sample_plan(name, shape)
+    width = shape[1]
+    row, col = pos // width, pos % width
+    mine = (col >= start) & (col < start + cols)
+    return (row[mine] * cols + col[mine] - start).to(device), mine.nonzero().reshape(-1)
+
+
+def _tp_entry(name: str, param) -> tuple[_Entry, bool]:
+    """This rank's share of a tensor-parallel DTensor's fingerprint, and whether it is a shard
+    (its partial sums are added over the TP group) rather than a whole replicated copy."""
+    from torch.distributed.tensor import Shard
+
+    local, shape = param.to_local(), tuple(param.shape)
+    placement = param.placements[0] if len(param.placements) == 1 else None
+    if not isinstance(placement, Shard):
+        if placement is None or not placement.is_replicate():
+            raise NotImplementedError(f"fingerprint of a DTensor with placements {param.placements}")
+        return _whole(name, local, None), False
+    dim = placement.dim % len(shape)
+    if dim not in (0, 1) or (dim == 1 and len(shape) != 2):
+        raise NotImplementedError(f"fingerprint of {name!r} sharded on dim {dim} of {shape}")
+    n, world, rank = shape[dim], param.device_mesh.size(), param.device_mesh.get_local_rank()
+    start = min(rank * -(-n // world), n)
+    if dim == 0:
+        positions, index = _shard_positions(name, shape, start, local.shape[0], local.device)
+    else:
+        positions, index = _column_positions(name, shape, start, local.shape[1], local.device)
+    return _Entry(local, positions, index, sample_plan(name, shape)[1], None), True
+
+
+def fingerprint_sharded(
+    spec: Sequence[tuple[str, Shape]], params: Mapping[str, torch.Tensor]
+) -> dict[str, tuple[float, float, str] | None]:
+    """Rollout-side fingerprints of a tensor-parallel model (``Shard(0)``/``Shard(1)``/replicated
+    DTensors over one TP mesh, or plain tensors): each rank reads the plan's samples that fall in
+    its shards, and the partial sums are added over the TP group (one all-reduce), so every rank
+    holds the fingerprint of the whole tensor, comparable with the trainer's. A shard one rank
+    failed to update changes the sum every rank of its group reports. Every rank of the TP group
+    must call this with the same ``spec``."""
+    out: dict[str, tuple[float, float, str] | None] = {}
+    entries: list[tuple[str, _Entry, bool]] = []
+    group = None
+    with torch.no_grad():
+        for name, shape in spec:
+            param = params.get(name)
+            out[name] = None
+            if param is None or tuple(param.shape) != tuple(shape):
+                continue
+            if hasattr(param, "to_local"):
+                entry, sharded = _tp_entry(name, param)
+                group = group or param.device_mesh.get_group()
+            else:
+                entry, sharded = _whole(name, param, None), False
+            entries.append((name, entry, sharded))
+        if not entries:
+            return out
+        table = _sums([e for _, e, _ in entries])
+        shard_rows = torch.tensor([s for _, _, s in entries])
+        if group is not None:
+            import torch.distributed as dist
+
+            device = entries[0][1].tensor.device
+            partial = (table * shard_rows[:, None]).to(device)
+            dist.all_reduce(partial, group=group)
+            table = torch.where(shard_rows[:, None], partial.cpu(), table)
+    for (name, entry, _), (s, a) in zip(entries, table.tolist(), strict=True):
+        out[name] = (s, a, str(entry.tensor.dtype).removeprefix("torch."))
+    return out

@@ -16,6 +16,7 @@ from rlctl.errors import UserError
 from rlctl.profile.schema import Profile
 from rlctl.trainer.plan import memory as mem
 from rlctl.trainer.plan.pin_verdicts import PinVerdict
+from rlctl.trainer.plan.rollout_tp import rollout_rank_order
 from rlctl.trainer.plan.shape import model_shape
 from rlctl.trainer.plan.verdict import FAIL, PASS, WARN, Check
 
@@ -33,6 +34,12 @@ def engine_max_model_len(profile: Profile, model_max: int) -> tuple[int, str]:
     if kwargs.get("max_model_len"):
         return int(kwargs["max_model_len"]), "rollout.engine_kwargs.max_model_len"
     return model_max, "the model's max_position_embeddings (the engine's default)"
+
+
+def p_order(profile: Profile) -> str:
+    """The rollout TP groups' order and the reason, as the plan prints it."""
+    order, why = rollout_rank_order(profile)
+    return why if why.startswith(order) else f"{order} ({why})"
 
 
 def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
@@ -58,13 +65,28 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         f"set rollout.tensor_parallel to a divisor of {world}",
     )
     q, kv = shape.num_heads, shape.num_kv_heads
-    heads_ok = q % tp == 0 and ((tp >= kv and tp % kv == 0) or (tp < kv and kv % tp == 0))
+    hf = rollout.engine == "hf"
+    # the HF engine shards whole heads (rlctl.reshard.layout.check_hf_tp); vLLM also replicates KV heads
+    heads_ok = q % tp == 0 and (
+        kv % tp == 0 if hf else (tp >= kv and tp % kv == 0) or (tp < kv and kv % tp == 0)
+    )
     check(
         "attention heads / tensor_parallel",
         heads_ok,
         f"{q} query and {kv} KV heads over tensor-parallel {tp}",
-        "a tensor-parallel degree dividing the query heads, with KV heads a multiple or divisor of it",
+        "a tensor-parallel degree dividing the query and the KV heads"
+        if hf
+        else "a tensor-parallel degree dividing the query heads, with KV heads a multiple or divisor of it",
     )
+    if tp > 1:
+        check(
+            "rollout engine / tensor_parallel",
+            hf,
+            f"{rollout.engine} at tensor-parallel {tp}"
+            + (f", TP groups {p_order(p)}" if hf and world % tp == 0 and heads_ok else ""),
+            f"rollout.engine = 'hf' (the {rollout.engine} adapter runs tensor-parallel 1 so far) "
+            "or rollout.tensor_parallel = 1",
+        )
     padded = rows_per_rank * world - rows
     # batches need not divide the ranks: the driver pads with masked rows (trainer.step.minibatch)
     check(

@@ -168,6 +168,16 @@ def _builtin_shape(name: str, where: str) -> ModelShape:
     return shape_from_config(cfg, f"built-in {name}")
 
 
+def model_config(model_path: str) -> dict | None:
+    """The model's config.json as a dict, or the known model's of that name; None when neither."""
+    config = Path(model_path) / "config.json"
+    try:
+        cfg = json.loads(config.read_text())
+    except (OSError, ValueError):
+        cfg = KNOWN_CONFIGS.get(Path(model_path.rstrip("/")).name.lower())
+    return cfg if isinstance(cfg, dict) else None
+
+
 def model_shape(model_path: str, where: str = "model.path") -> ModelShape:
     """The shape of ``model_path``: its config.json, a built-in tiny model, or a known model
     named by the directory's last component. Unreadable: a UserError naming the path and the
