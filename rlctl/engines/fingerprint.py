@@ -239,64 +239,51 @@ def _column_positions(
     return (row[mine] * cols + col[mine] - start).to(device), mine.nonzero().reshape(-1)
 
 
-def _tp_entry(name: str, param) -> tuple[_Entry, bool]:
-    """This rank's share of a tensor-parallel DTensor's fingerprint, and whether it is a shard
-    (its partial sums are added over the TP group) rather than a whole replicated copy."""
-    from torch.distributed.tensor import Shard
-
-    local, shape = param.to_local(), tuple(param.shape)
-    placement = param.placements[0] if len(param.placements) == 1 else None
-    if not isinstance(placement, Shard):
-        if placement is None or not placement.is_replicate():
-            raise NotImplementedError(f"fingerprint of a DTensor with placements {param.placements}")
-        return _whole(name, local, None), False
-    dim = placement.dim % len(shape)
-    if dim not in (0, 1) or (dim == 1 and len(shape) != 2):
-        raise NotImplementedError(f"fingerprint of {name!r} sharded on dim {dim} of {shape}")
-    n, world, rank = shape[dim], param.device_mesh.size(), param.device_mesh.get_local_rank()
-    start = min(rank * -(-n // world), n)
-    if dim == 0:
-        positions, index = _shard_positions(name, shape, start, local.shape[0], local.device)
+def _split_entry(name: str, local: torch.Tensor, split) -> _Entry:
+    """This rank's share of a tensor-parallel piece's fingerprint: ``split`` has ``dim`` (0, or 1 of
+    a 2-D tensor), ``start`` (the piece's first global index on it) and ``full`` (the whole shape)."""
+    shape = tuple(split.full)
+    if split.dim == 0:
+        positions, index = _shard_positions(name, shape, split.start, local.shape[0], local.device)
+    elif split.dim == 1 and len(shape) == 2:
+        positions, index = _column_positions(name, shape, split.start, local.shape[1], local.device)
     else:
-        positions, index = _column_positions(name, shape, start, local.shape[1], local.device)
-    return _Entry(local, positions, index, sample_plan(name, shape)[1], None), True
+        raise NotImplementedError(f"fingerprint of {name!r} split on dim {split.dim} of {shape}")
+    return _Entry(local, positions, index, sample_plan(name, shape)[1], None)
 
 
 def fingerprint_sharded(
-    spec: Sequence[tuple[str, Shape]], params: Mapping[str, torch.Tensor]
+    spec: Sequence[tuple[str, Shape]], params: Mapping[str, torch.Tensor], splits: Mapping, group
 ) -> dict[str, tuple[float, float, str] | None]:
-    """Rollout-side fingerprints of a tensor-parallel model (``Shard(0)``/``Shard(1)``/replicated
-    DTensors over one TP mesh, or plain tensors): each rank reads the plan's samples that fall in
-    its shards, and the partial sums are added over the TP group (one all-reduce), so every rank
-    holds the fingerprint of the whole tensor, comparable with the trainer's. A shard one rank
-    failed to update changes the sum every rank of its group reports. Every rank of the TP group
-    must call this with the same ``spec``."""
+    """Rollout-side fingerprints of a tensor-parallel model: ``params`` are this rank's tensors
+    (pieces where ``splits[name]`` says how the full tensor was split, whole copies elsewhere).
+    Each rank reads the plan's samples that fall in its pieces and the partial sums are added over
+    the TP ``group`` (one all-reduce), so every rank holds the fingerprint of each whole tensor,
+    comparable with the trainer's; a piece one rank failed to update changes the sum every rank of
+    its group reports. Every rank of the group must call this with the same ``spec``."""
     out: dict[str, tuple[float, float, str] | None] = {}
     entries: list[tuple[str, _Entry, bool]] = []
-    group = None
     with torch.no_grad():
         for name, shape in spec:
-            param = params.get(name)
+            param, split = params.get(name), splits.get(name)
             out[name] = None
-            if param is None or tuple(param.shape) != tuple(shape):
+            held = (
+                tuple(split.full) if split is not None else tuple(param.shape) if param is not None else None
+            )
+            if param is None or held != tuple(shape):
                 continue
-            if hasattr(param, "to_local"):
-                entry, sharded = _tp_entry(name, param)
-                group = group or param.device_mesh.get_group()
-            else:
-                entry, sharded = _whole(name, param, None), False
-            entries.append((name, entry, sharded))
+            entry = _split_entry(name, param, split) if split is not None else _whole(name, param, None)
+            entries.append((name, entry, split is not None))
         if not entries:
             return out
         table = _sums([e for _, e, _ in entries])
-        shard_rows = torch.tensor([s for _, _, s in entries])
-        if group is not None:
+        pieces = torch.tensor([s for _, _, s in entries])
+        if bool(pieces.any()):
             import torch.distributed as dist
 
-            device = entries[0][1].tensor.device
-            partial = (table * shard_rows[:, None]).to(device)
+            partial = (table * pieces[:, None]).to(entries[0][1].tensor.device)
             dist.all_reduce(partial, group=group)
-            table = torch.where(shard_rows[:, None], partial.cpu(), table)
+            table = torch.where(pieces[:, None], partial.cpu(), table)
     for (name, entry, _), (s, a) in zip(entries, table.tolist(), strict=True):
         out[name] = (s, a, str(entry.tensor.dtype).removeprefix("torch."))
     return out

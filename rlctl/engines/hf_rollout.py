@@ -80,7 +80,7 @@ class HFRolloutEngine:
         its shards, uninitialised: the weight sync fills them."""
         self.device = torch.device(device)
         self.tp = tensor_parallel_size
-        self.tp_mesh = None
+        self.tp_group, self.tp_splits = None, {}
         if self.tp > 1:
             self.model = self._sharded_model(
                 model_path_or_module, dtype, trust_remote_code, attn_implementation, lora, rank_order
@@ -123,11 +123,10 @@ class HFRolloutEngine:
         model = hf_tp.build_meta_model(
             source, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation
         )
-        mesh = hf_tp.rollout_mesh(self.device.type, dist.get_world_size(), self.tp, rank_order)
-        self.tp_mesh = mesh["tp"]
-        for p in model.parameters():
-            p.requires_grad_(False)
-        hf_tp.apply_plan(model, self.tp_mesh, hf_tp.declared_plan(model))
+        mesh = hf_tp.rollout_mesh(self.device.type, dist.get_world_size(), self.tp, rank_order)["tp"]
+        self.tp_group = mesh.get_group()
+        plan = hf_tp.declared_plan(model)
+        self.tp_splits = hf_tp.apply_plan(model, plan, self.tp_group, self.tp, mesh.get_local_rank())
         hf_tp.materialize(model, self.device, tied=bool(getattr(model.config, "tie_word_embeddings", False)))
         return model.eval()
 
@@ -268,15 +267,13 @@ class HFRolloutEngine:
         """Every parameter under each of its HF names (tied ones twice; under TP this rank's
         shard) plus the buffers."""
         tensors = dict(self.model.named_parameters(remove_duplicate=False))
-        if self.tp > 1:
-            tensors = {n: hf_tp.local(t) for n, t in tensors.items()}
         tensors.update(dict(self.model.named_buffers()))
         return tensors
 
     def local_tensors(self) -> dict[str, torch.Tensor]:
         """HF name -> the tensor this rank stores for it (its TP shard), each storage once: what a
         planned sync (:mod:`rlctl.reshard`, layout ``hf_tp``) fills in place."""
-        return {n: hf_tp.local(t) for n, t in self.model.named_parameters()}
+        return dict(self.model.named_parameters())
 
     @torch.no_grad()
     def update_weights(self, stream: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -311,7 +308,8 @@ class HFRolloutEngine:
         """Fingerprints (:mod:`rlctl.engines.fingerprint`) of the HF-named tensors in ``spec``, read
         from the model's own parameters; None for a name the model lacks or holds in another shape."""
         if self.tp > 1:  # each rank reads its shards; the TP group adds them up (a collective)
-            return fingerprint_sharded(spec, dict(self.model.named_parameters(remove_duplicate=False)))
+            params = dict(self.model.named_parameters(remove_duplicate=False))
+            return fingerprint_sharded(spec, params, self.tp_splits, self.tp_group)
         params = self._named_tensors()
         return fingerprint_views(spec, lambda name, shape: params.get(name))
 
