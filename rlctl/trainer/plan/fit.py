@@ -16,7 +16,7 @@ from rlctl.errors import UserError
 from rlctl.profile.schema import Profile
 from rlctl.trainer.plan import memory as mem
 from rlctl.trainer.plan.pin_verdicts import PinVerdict
-from rlctl.trainer.plan.rollout_tp import rollout_rank_order
+from rlctl.trainer.plan.rollout_tp import moved_per_rank, rollout_rank_order
 from rlctl.trainer.plan.shape import model_shape
 from rlctl.trainer.plan.verdict import FAIL, PASS, WARN, Check
 
@@ -172,6 +172,8 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         link_gb_s=plan.device.link_gb_s,
         hbm_gb_s=plan.device.hbm_gb_s,
         params=lora_trainable if lora_sync == "adapter-only" else None,
+        tp=tp,
+        moved_per_rank=moved_per_rank(p, world, tp, rollout.dtype) if tp > 1 and heads_ok else None,
     )
     cpu = plan.device_type == "cpu"
     # on CPU every rank of a node is a process sharing the host's RAM

@@ -31,6 +31,18 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 32768,
         "tie_word_embeddings": False,
     },
+    # huggingface.co/Qwen/Qwen2.5-72B-Instruct/blob/main/config.json
+    "qwen2.5-72b-instruct": {
+        "model_type": "qwen2",
+        "vocab_size": 152064,
+        "hidden_size": 8192,
+        "intermediate_size": 29568,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+    },
     # huggingface.co/meta-llama/Llama-3.1-8B-Instruct/blob/main/config.json
     "llama-3.1-8b-instruct": {
         "model_type": "llama",
