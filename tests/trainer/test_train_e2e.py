@@ -124,10 +124,13 @@ def test_two_fsdp_ranks_on_ray_sync_through_reshard_at_tp2_then_resume_at_tp1(
     # rollout copy would show as a log-prob gap far above the tolerance).
     actor = "micro_batch_sequences = 8\nppo_epochs = 2\nentropy_coeff = 0.01"
     profile.write_text(text.replace("micro_batch_sequences = 8", actor).replace("lr = 1e-4", "lr = 1e-2"))
+    plan_json = tmp_path / "runs/two-ranks/plan.json"
     code, _, err = run_cli("train", str(profile), "--set", "rollout.tensor_parallel=2", "--max-steps", "2")
     assert code == 0, err
+    predicted = {2: json.loads(plan_json.read_text())["memory"]["roles"]["rollout"]["weights_gib"]}
     code, _, err = run_cli("train", str(profile), "--set", "rollout.tensor_parallel=1")
     assert code == 0, err
+    predicted[3] = json.loads(plan_json.read_text())["memory"]["roles"]["rollout"]["weights_gib"]
     steps = by_step(metrics(tmp_path / "runs/two-ranks"))
     # ppo_epochs = 2 forces the old-log-prob recompute, so the mismatch is measured every step; steps
     # 2 (TP 2) and 3 (TP 1, resumed) sampled on weights that came through the reshard after an update.
@@ -139,6 +142,9 @@ def test_two_fsdp_ranks_on_ray_sync_through_reshard_at_tp2_then_resume_at_tp1(
     assert steps[2]["memory/rollout_weights_gib"] <= 0.6 * steps[3]["memory/rollout_weights_gib"]
     # the planned move into the shards held little beyond them: within one sync bucket
     assert 0 < steps[2]["sync/peak_extra_bytes"] <= 256 << 20
+    # each run's plan predicted the rollout weights a rank then held (GiB to 3 places: 1 MiB here)
+    for step, gib in predicted.items():
+        assert gib == pytest.approx(steps[step]["memory/rollout_weights_gib"], rel=0.2, abs=1e-3), step
 
 
 @pytest.mark.timeout(300)
