@@ -315,14 +315,14 @@ def bench(
 
 
 def layer_costs(rows: list[Row]) -> list[LayerCost]:
-    """Per-layer cost of every (model, p, q, strategy) measured at two depths."""
+    """Per-layer cost of every (model, p, q, strategy) measured at two depths in one layout."""
     by: dict[tuple, dict[int, float]] = {}
     full: dict[str, int] = {}
     for r in rows:
-        by.setdefault((r.model, r.p, r.q, r.strategy), {})[r.layers_kept] = r.seconds
+        by.setdefault((r.model, r.p, r.q, r.strategy, r.fmt), {})[r.layers_kept] = r.seconds
         full[r.model] = r.layers_full
     out = []
-    for (model, p, q, strategy), depths in by.items():
+    for (model, p, q, strategy, _), depths in by.items():
         if len(depths) >= 2:
             (l1, t1), (l2, t2) = sorted(depths.items())[:2]
             out.append(LayerCost(model, p, q, strategy, (l1, l2), (t1, t2), full[model]))
