@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from rlctl.platforms.base import Candidate, EngineSettings, Platform, ProbeResult, choose
-from rlctl.platforms.kernels import SGLANG_NPU_SOURCE, VLLM_ASCEND_SOURCE
+from rlctl.platforms.kernels import SGLANG_NPU_SOURCE, VLLM_ASCEND_NZ_SOURCE, VLLM_ASCEND_SOURCE
 
 DEFAULT_TOOLKIT = "/usr/local/Ascend/ascend-toolkit/latest"
+NZ_ENV = "VLLM_ASCEND_ENABLE_NZ"
 
 
 def _key_value(text: str | None, key: str) -> str | None:
@@ -90,6 +91,37 @@ class AscendPlatform(Platform):
     def ray_noset_env(self) -> str:
         return "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"
 
+    def vendor_env(self) -> dict[str, str]:
+        """``VLLM_ASCEND_ENABLE_NZ=0``: vllm-ascend defaults it to 1 and its worker's ``wake_up``
+        raises while the weight NZ mode is non-zero, so every sleep/wake weight sync would die."""
+        return {NZ_ENV: "0"}
+
+    def nz_problem(self, engine_kwargs: dict[str, Any]) -> str | None:
+        """Why vllm-ascend would refuse rlctl's wake after a weight sync (None: NZ is off)."""
+        extra = engine_kwargs.get("additional_config")
+        if isinstance(extra, dict) and "weight_nz_mode" in extra:
+            value, where = extra["weight_nz_mode"], "additional_config.weight_nz_mode"
+        else:
+            value, where = self.rollout_env().get(NZ_ENV, "1"), NZ_ENV
+        try:
+            on = int(value) != 0
+        except (TypeError, ValueError):
+            return f"{where} = {value!r} is not an integer (vllm-ascend reads it with int())"
+        if not on:
+            return None
+        return (
+            f"{where} = {value}: vllm-ascend's worker wake_up raises 'FRACTAL_NZ mode is enabled' while "
+            f"the weight NZ mode is non-zero, and rlctl wakes the engine after every weight sync; set it "
+            f"to 0 ({VLLM_ASCEND_NZ_SOURCE})"
+        )
+
+    def kernel_problem(self, engine: str, engine_kwargs: dict[str, Any]) -> str | None:
+        if engine == "vllm":
+            problem = self.nz_problem(engine_kwargs)
+            if problem:
+                return problem
+        return super().kernel_problem(engine, engine_kwargs)
+
     def engine_install_hint(self, engine: str) -> str:
         if engine == "vllm":
             return (
@@ -115,9 +147,11 @@ class AscendPlatform(Platform):
                 "vllm",
                 None,
                 {"enforce_eager": True},
+                env={NZ_ENV: self.rollout_env()[NZ_ENV]},
                 reason="vllm-ascend's own NPU backend (AscendAttentionBackend for a decoder model); "
-                "enforce_eager = true: ACL graphs replay the weights captured before a sync",
-                source=VLLM_ASCEND_SOURCE,
+                "enforce_eager = true: ACL graphs replay the weights captured before a sync; "
+                f"{NZ_ENV}=0: its wake_up refuses NZ weights",
+                source=f"{VLLM_ASCEND_SOURCE}; {VLLM_ASCEND_NZ_SOURCE}",
             )
         if engine == "sglang":
             return EngineSettings(

@@ -37,6 +37,12 @@ VLLM_ASCEND_SOURCE = (
     "picks its own NPU backend); ACL graphs capture weight addresses, so replays after an RL weight "
     "update read stale weights unless eager (vllm-ascend #7473, #13902)"
 )
+VLLM_ASCEND_NZ_SOURCE = (
+    "vllm-ascend 0.23.0.post1 vllm_ascend/envs.py (VLLM_ASCEND_ENABLE_NZ, default 1), "
+    "vllm_ascend/ascend_config.py (weight_nz_mode: additional_config first, else that variable), "
+    "vllm_ascend/worker/worker.py NPUWorker.wake_up (raises ValueError while weight_nz_mode != 0); "
+    "the same variable and check in 0.13 and 0.18"
+)
 SGLANG_SOURCE = (
     "sglang 0.5.23 sglang/srt/arg_groups/model_override_base.py get_default_attn_backend (MHA: fa3 on "
     "Hopper, trtllm_mha on SM100/103, aiter on HIP, else flashinfer or triton); fa3 asserts SM 8.x/9.0 "
