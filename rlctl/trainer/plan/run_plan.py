@@ -260,7 +260,7 @@ def _probed_device(platform: Platform) -> DeviceSpec:
     devices = details.get("devices") or []
     name = str(devices[0].get("name", "")) if devices and isinstance(devices[0], dict) else ""
     total = devices[0].get("memory_total") if devices and isinstance(devices[0], dict) else None
-    mem = round(int(total) / (1 << 30), 1) if isinstance(total, int) else None  # SMI: bytes
+    mem = round(int(total) / (1 << 30), 2) if isinstance(total, int) else None  # SMI: bytes
     for key, spec in CATALOGUE.items():
         if key in name.lower().replace(" ", ""):
             return spec if mem is None else DeviceSpec(**{**spec.to_dict(), "memory_gib": float(mem)})
