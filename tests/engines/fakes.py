@@ -546,6 +546,16 @@ def make_fake_sglang(
             )
         calls.append(("Engine", kwargs))
         self.hf = HFRolloutEngine(kwargs["model_path"])
+        # sglang/srt/configs/model_config.py _derive_context_length (0.5.23; same in 0.5.3)
+        derived = self.hf.model.config.max_position_embeddings
+        wanted = kwargs.get("context_length")
+        if wanted is not None and wanted > derived and not os.environ.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
+            raise ValueError(
+                f"Warning: User-specified context_length ({wanted}) is greater than the derived "
+                f"context_length ({derived}). ... To allow overriding this maximum, set the env var "
+                "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"
+            )
+        self.context_len = wanted if wanted is not None else derived
         self.loras = SGLangLoras(self.server_args, self.hf, calls)
         self.released: set[str] = set()
         self.host_copy = None

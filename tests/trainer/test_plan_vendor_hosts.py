@@ -99,3 +99,81 @@ def test_ascend_with_only_sglang_is_refused_by_plan_and_doctor_alike(tmp_path, m
         main(["train", str(profile_path)])
     train_err = capsys.readouterr().err.strip().splitlines()
     assert done.value.code == 2 and train_err[-1] == err[0]
+
+
+def _long_context_profile(tmp_path, engine: str, kwargs: str = "") -> str:
+    """Llama-3.1-8B (131072 positions) GRPO on 8 GPUs at gpu_memory_utilization 0.3."""
+    from rlctl.trainer.plan.shape import KNOWN_CONFIGS
+
+    model = tmp_path / "Llama-3.1-8B-Instruct"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps(KNOWN_CONFIGS["llama-3.1-8b-instruct"]))
+    path = tmp_path / f"long-{engine}.toml"
+    path.write_text(
+        f'[model]\npath = "{model}"\n[platform]\nvendor = "nvidia"\ndtype = "bfloat16"\n'
+        f"[cluster]\ndevices_per_node = 8\n[actor]\nactivation_checkpointing = true\n"
+        f'[rollout]\nengine = "{engine}"\ngpu_memory_utilization = 0.3\n{kwargs}\n'
+    )
+    return str(path)
+
+
+def test_long_context_on_sglang_is_checked_by_sglangs_rule_with_context_length(tmp_path):
+    """vLLM refuses to start when one 131072-token sequence's KV exceeds its budget; SGLang only
+    warns and serves up to min(context_length, pool) - 1 tokens, and its key is context_length."""
+    from tests.cli_runner import run_cli
+
+    checks = lambda out: {c["name"]: c for c in json.loads(out)["checks"]}  # noqa: E731
+    code, out, err = run_cli("plan", _long_context_profile(tmp_path, "vllm"), "--hardware", "h100:8", "--json")
+    assert checks(out)["max_model_len KV fits"]["verdict"] == "FAIL"
+    code, out, err = run_cli("plan", _long_context_profile(tmp_path, "sglang"), "--hardware", "h100:8", "--json")
+    sg = checks(out)
+    assert "max_model_len KV fits" not in sg and sg["context_length KV fits"]["verdict"] == "PASS"
+    code, out, err = run_cli(
+        "plan",
+        _long_context_profile(tmp_path, "sglang", "engine_kwargs = { context_length = 4096 }"),
+        "--hardware",
+        "h100:8",
+        "--json",
+    )
+    doc = json.loads(out)
+    assert code == 0, err
+    assert doc["memory"]["roles"]["rollout"]["max_model_len"] == 4096
+    assert doc["memory"]["roles"]["rollout"]["length_key"] == "context_length"
+    assert checks(out)["context_length covers prompt + response"]["verdict"] == "PASS"
+    # vLLM's key on SGLang is refused in one line, installed or not (ServerArgs has no max_model_len)
+    code, out, err = run_cli(
+        "plan",
+        _long_context_profile(tmp_path, "sglang", "engine_kwargs = { max_model_len = 4096 }"),
+        "--hardware",
+        "h100:8",
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "its length key is 'context_length'" in err
+
+
+@pytest.mark.parametrize("length, starts", [(4096, True), (16384, False)])
+def test_sglang_starts_with_context_length_as_the_plan_says(tmp_path, monkeypatch, capsys, length, starts):
+    """On the B200 + SGLang host: the plan's context_length checks and the fake SGLang 0.5.23
+    (its _derive_context_length rule) agree, and the engine gets context_length."""
+    host = b200_sglang(tmp_path)
+    monkeypatch.delenv("RLCTL_PLATFORM", raising=False)
+    monkeypatch.delenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", raising=False)
+    monkeypatch.setattr(resolve, "Host", lambda env=None: host)
+    model = make_model(tmp_path / "model", seed=1, max_position_embeddings=8192)
+    path = tmp_path / "p.toml"
+    path.write_text(
+        f'[model]\npath = "{model}"\n[platform]\nvendor = "nvidia"\n[cluster]\ndevices_per_node = 8\n'
+        f'[rollout]\nengine = "sglang"\nengine_kwargs = {{ context_length = {length} }}\n'
+    )
+    plan = _run(["plan", str(path), "--json"], capsys)
+    within = {c["name"]: c["verdict"] for c in plan["checks"]}["context_length within the model"]
+    assert within == ("PASS" if starts else "FAIL")
+    profile = load_profile(path)
+    specs = specs_from_plan(profile, resolve_plan(profile))
+    calls: list = []
+    install(monkeypatch, tmp_path, "sglang", "0.5.23", calls, device_capability=(10, 0))
+    if starts:
+        built = rollout_engine(specs.policy)
+        assert calls[0][1]["context_length"] == length and built.engine.context_len == length
+    else:
+        with pytest.raises(ValueError, match="SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
+            rollout_engine(specs.policy)
