@@ -30,6 +30,9 @@ class DeviceSpec:
     link_gb_s: float | None  # intra-node link per device, aggregate bidirectional GB/s
     source: str
     supports_bf16: bool = True
+    # what a probe of the device reads: NVIDIA compute capability ("9.0"), ROCm gfx arch ("gfx942")
+    arch: str | None = None
+    interconnect: str | None = None  # the intra-node link ``link_gb_s`` is the figure of
 
     @property
     def memory_bytes(self) -> int:
@@ -63,11 +66,22 @@ CATALOGUE: dict[str, DeviceSpec] = {
         3350,
         900,
         "NVIDIA H100 SXM5 datasheet; memory: nvidia-smi 81559 MiB",
+        arch="9.0",
+        interconnect="NVLink 4",
     ),
     # NVIDIA H200 SXM datasheet (nvidia.com/en-us/data-center/h200): 141 GB HBM3e, 4.8 TB/s,
-    # BF16 1,979 TFLOPS with sparsity (989.5 dense), NVLink 900 GB/s.
+    # BF16 1,979 TFLOPS with sparsity (989.5 dense), NVLink 900 GB/s. nvidia-smi on H200: 143771MiB total
+    # (the figure of nvidia-smi tables in public GitHub issues of H200 hosts).
     "h200": DeviceSpec(
-        "h200", "nvidia", _gb(141), 989.5, 4800, 900, "NVIDIA H200 SXM datasheet (memory: datasheet 141 GB)"
+        "h200",
+        "nvidia",
+        _mib(143771),
+        989.5,
+        4800,
+        900,
+        "NVIDIA H200 SXM datasheet; memory: nvidia-smi 143771 MiB",
+        arch="9.0",
+        interconnect="NVLink 4",
     ),
     # NVIDIA HGX B200 (nvidia.com/en-us/data-center/hgx): 8 GPUs, 1,440 GB HBM3e (180 GB each),
     # 8 TB/s per GPU, BF16 4.5 PFLOPS with sparsity per GPU (2,250 dense), NVLink 5 1.8 TB/s per GPU.
@@ -80,6 +94,8 @@ CATALOGUE: dict[str, DeviceSpec] = {
         8000,
         1800,
         "NVIDIA HGX B200 datasheet; memory: nvidia-smi 183359 MiB",
+        arch="10.0",
+        interconnect="NVLink 5",
     ),
     # NVIDIA A100 80GB SXM datasheet: 80 GB HBM2e, 2,039 GB/s, BF16 312 TFLOPS dense, NVLink 600 GB/s.
     # nvidia-smi on A100 80GB: 81920MiB total (modal-labs/modal-client#2797).
@@ -91,6 +107,8 @@ CATALOGUE: dict[str, DeviceSpec] = {
         2039,
         600,
         "NVIDIA A100 80GB SXM datasheet; memory: nvidia-smi 81920 MiB",
+        arch="8.0",
+        interconnect="NVLink 3",
     ),
     # AMD Instinct MI300X datasheet (amd.com/.../instinct-mi300x-data-sheet.pdf): 192 GB HBM3,
     # 5.3 TB/s, peak BF16 1,307.4 TFLOPS dense, 7 Infinity Fabric links, 896 GB/s aggregate.
@@ -104,6 +122,8 @@ CATALOGUE: dict[str, DeviceSpec] = {
         5300,
         896,
         "AMD Instinct MI300X datasheet; memory: rocminfo 201310208 KB",
+        arch="gfx942",
+        interconnect="Infinity Fabric",
     ),
     # AMD Instinct MI325X datasheet: 256 GB HBM3E, 6 TB/s, peak BF16 1,307.4 TFLOPS dense,
     # Infinity Fabric 896 GB/s aggregate.
@@ -115,6 +135,8 @@ CATALOGUE: dict[str, DeviceSpec] = {
         6000,
         896,
         "AMD Instinct MI325X datasheet (memory: datasheet 256 GB)",
+        arch="gfx942",
+        interconnect="Infinity Fabric",
     ),
     # Huawei Atlas 800T A2 / Ascend 910B (910B2/B3 modules): 64 GB HBM2e, ~1.6 TB/s, ~320 TFLOPS
     # FP16/BF16, HCCS 7 x 56 GB/s = 392 GB/s. Huawei publishes no per-chip datasheet in English: these
@@ -128,10 +150,22 @@ CATALOGUE: dict[str, DeviceSpec] = {
         1600,
         392,
         "Huawei Atlas 800T A2 product page (approximate); memory: npu-smi 65536 MB",
+        arch=None,
+        interconnect="HCCS",
     ),
     # Ascend 910C (two 910B dies in one package): 128 GB HBM, 3.2 TB/s, ~780 TFLOPS BF16, 784 GB/s
     # interconnect (public reports, e.g. TechPowerUp 2025-04-21 citing DigiTimes); approximate.
-    "910c": DeviceSpec("910c", "ascend", _gb(128), 780, 3200, 784, "public reports (approximate)"),
+    "910c": DeviceSpec(
+        "910c",
+        "ascend",
+        _gb(128),
+        780,
+        3200,
+        784,
+        "public reports (approximate)",
+        arch=None,
+        interconnect="HCCS",
+    ),
 }
 
 

@@ -72,7 +72,8 @@ def vllm_rocm_pick(vllm_version: str | None, aiter_enabled: bool, priorities_in_
     ``priorities_in_source``: whether the installed ``vllm/platforms/rocm.py`` defines
     ``_get_backend_priorities`` (None: source not readable; the version decides).
     """
-    new = priorities_in_source if priorities_in_source is not None else _release(vllm_version) >= (0, 23)
+    release = _release(vllm_version)  # () for a --hardware target: the newest release read (0.33.0)
+    new = priorities_in_source if priorities_in_source is not None else (not release or release >= (0, 23))
     if new:
         return "ROCM_ATTN"  # first of _get_backend_priorities whenever no KV connector is used
     if _release(vllm_version) and _release(vllm_version) <= (0, 13, 99):

@@ -78,7 +78,11 @@ def engine_source(site: Path, package: str, version: str) -> None:
 
 
 def vllm_033(site: Path, local: str = "") -> None:
+    """vllm 0.33.0 and what its METADATA requires beside torch: ``flashinfer-python==0.7.2.post1``
+    (the CUDA wheel; a ROCm build is installed from source or a container without it)."""
     make_dist(site, "vllm", f"0.33.0{local}", requires=("torch==2.14.0", "transformers<5.21.0,>=5.16.1"))
+    if "+rocm" not in local:
+        make_dist(site, "flashinfer-python", "0.7.2.post1")
     engine_source(site, "vllm", "0.33.0")
 
 

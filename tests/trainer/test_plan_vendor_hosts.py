@@ -39,7 +39,7 @@ def _run(args: list[str], capsys) -> dict:
 
 
 def _profile(tmp_path, vendor: str):
-    model = make_model(tmp_path / "model", seed=1)
+    model = make_model(tmp_path / "model", seed=1, max_position_embeddings=4096)
     path = tmp_path / "p.toml"
     path.write_text(
         f'[model]\npath = "{model}"\n[platform]\nvendor = "{vendor}"\n'
@@ -177,3 +177,62 @@ def test_sglang_starts_with_context_length_as_the_plan_says(tmp_path, monkeypatc
     else:
         with pytest.raises(ValueError, match="SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
             rollout_engine(specs.policy)
+
+
+# host -> the --hardware target of the same machine
+TARGETS = {"h100-580": "h100:8", "b200-sglang": "b200:8", "mi300x": "mi300x:8", "910b": "910b:8"}
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_plan_for_hardware_x_names_what_a_run_on_x_picks(name, tmp_path, monkeypatch, capsys):
+    """``rlctl plan --hardware X`` and the plan on a simulated X host resolve through the same
+    platform code: same rollout engine, kernel (and the pick it names), keywords, environment,
+    dtype, device arch and device memory. Training kernels agree where the host has no optional
+    kernel package (the MI300X host has ROCm flash-attn, which the target does not assume)."""
+    make_host, engine, _, _ = HOSTS[name]
+    host = make_host(tmp_path)
+    monkeypatch.delenv("RLCTL_PLATFORM", raising=False)
+    monkeypatch.setattr(resolve, "Host", lambda env=None: host)
+    profile_path = _profile(tmp_path, resolve_platform("auto").name)
+    profile_path.write_text(profile_path.read_text().replace('engine = "auto"', f'engine = "{engine}"'))
+    on_host = _run(["plan", str(profile_path), "--json"], capsys)
+    target = _run(["plan", str(profile_path), "--hardware", TARGETS[name], "--json"], capsys)
+    for doc in (on_host, target):
+        assert doc["roles"]["rollout"]["engine"] == engine
+    keys = ("kernel", "engine_kwargs", "env")
+    assert {k: target["roles"]["rollout"][k] for k in keys} == {k: on_host["roles"]["rollout"][k] for k in keys}
+    assert target["roles"]["rollout"]["settings"]["reason"] == on_host["roles"]["rollout"]["settings"]["reason"]
+    assert target["dtype"] == on_host["dtype"] and target["env"] == on_host["env"]
+    if name != "mi300x":
+        assert target["roles"]["actor"]["kernel"] == on_host["roles"]["actor"]["kernel"]
+
+
+@pytest.mark.parametrize(
+    "hardware, engine, pick",
+    [("h100:8", "sglang", "fa3"), ("b200:8", "sglang", "trtllm_mha"), ("b200:8", "vllm", "FLASHINFER")],
+)
+def test_hardware_targets_name_the_engines_real_pick(tmp_path, hardware, engine, pick):
+    from tests.cli_runner import run_cli
+
+    model = make_model(tmp_path / "model", seed=1, max_position_embeddings=4096)
+    path = tmp_path / "p.toml"
+    path.write_text(f'[model]\npath = "{model}"\n[platform]\nvendor = "nvidia"\n[rollout]\nengine = "{engine}"\n')
+    code, out, err = run_cli("plan", str(path), "--hardware", hardware, "--json")
+    assert code == 0, err
+    assert f"own choice: {pick} " in json.loads(out)["roles"]["rollout"]["settings"]["reason"]
+
+
+def test_forced_fa3_on_a_b200_target_is_refused(tmp_path):
+    """SGLang's fa3 asserts SM 8.x/9.0: the B200 target refuses it as a B200 host does."""
+    from tests.cli_runner import run_cli
+
+    model = make_model(tmp_path / "model", seed=1, max_position_embeddings=4096)
+    path = tmp_path / "p.toml"
+    path.write_text(
+        f'[model]\npath = "{model}"\n[platform]\nvendor = "nvidia"\n[rollout]\nengine = "sglang"\n'
+        'engine_kwargs = { attention_backend = "fa3" }\n'
+    )
+    code, out, err = run_cli("plan", str(path), "--hardware", "b200:8")
+    assert code == 2 and "fa3" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run_cli("plan", str(path), "--hardware", "h100:8")
+    assert code == 0, err

@@ -213,11 +213,15 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
             gib=_gib,
         ):
             check(*rule)
+    # SGLang caps max_new_tokens at max_req_len - prompt - 1 with max_req_len = context_length - 1
+    # (0.5.23 managers/scheduler.py, managers/tp_worker.py): prompt + response <= context_length - 2
+    usable = max_len - 2 if rollout.engine == "sglang" else max_len
     check(
         f"{len_key} covers prompt + response",
-        max_len >= seq_len,
-        f"{len_key} {max_len} >= {p.data.max_prompt_length} + {p.rollout.max_new_tokens}",
-        f"{len_key} of at least {seq_len}, or a shorter data.max_prompt_length / rollout.max_new_tokens",
+        usable >= seq_len,
+        f"{len_key} {max_len}{' - 2' if usable < max_len else ''} >= "
+        f"{p.data.max_prompt_length} + {p.rollout.max_new_tokens}",
+        f"{len_key} of at least {seq_len + max_len - usable}, or a shorter data.max_prompt_length / rollout.max_new_tokens",
     )
     # ---- pins (this host only; a target's versions are unknown)
     for v in verdicts:

@@ -8,9 +8,10 @@
 - SGLang (0.5.23, same rule in 0.5.3): the key is ``context_length`` (``ServerArgs``; it has no
   ``max_model_len``). Start-up fails only when the KV pool holds no token ("Not enough memory",
   0.5.23 ``model_executor/pool_configurator.py`` ``MemoryPoolConfig``; 0.5.3
-  ``model_executor/model_runner.py``); a pool smaller than ``context_length`` is a warning, and a
-  request is served up to ``max_req_len = min(context_length - 1, pool tokens - 1)`` tokens with at
-  most ``max_req_len - 5`` of prompt (``managers/tp_worker.py`` ``get_worker_info``). A
+  ``model_executor/model_runner.py``); a pool smaller than ``context_length`` is a warning. With
+  ``max_req_len = min(context_length - 1, pool tokens - 1)`` (``managers/tp_worker.py``
+  ``get_worker_info``) the scheduler caps ``max_new_tokens`` at ``max_req_len - prompt - 1``
+  (``managers/scheduler.py``): prompt + response <= ``min(context_length, pool) - 2``. A
   ``context_length`` above the model's own is a ValueError unless
   ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN`` is set (``configs/model_config.py``
   ``_derive_context_length``).
@@ -53,7 +54,7 @@ def kv_checks(
     """``(name, ok, detail, fix)`` of the engine's own length rule against its KV budget."""
     if engine == "sglang":
         pool = max(0, kv_budget) // kv_per_token if kv_per_token else 0
-        served = min(length, pool) - 1
+        served = min(length, pool) - 2  # max_req_len - 1: the scheduler's cap on prompt + response
         return [
             (
                 "context_length within the model",
@@ -64,12 +65,12 @@ def kv_checks(
             ),
             (
                 "context_length KV fits",
-                seq_len <= served and prompt_len <= served - 5,
-                f"SGLang serves requests up to min(context_length {length}, KV pool {pool} tokens) - 1 = "
-                f"{served} tokens (a smaller pool than context_length is only a warning); this run's "
-                f"longest is {seq_len}",
+                seq_len <= pool - 2,
+                f"SGLang's KV pool holds {pool} tokens and serves prompt + response up to "
+                f"min(context_length {length}, pool) - 2 = {served} tokens (a pool smaller than "
+                f"context_length is only a warning); this run's longest is {seq_len}",
                 f"raise rollout.gpu_memory_utilization, or shorten data.max_prompt_length / "
-                f"rollout.max_new_tokens to fit {served} tokens",
+                f"rollout.max_new_tokens to fit {max(0, pool - 2)} tokens",
             ),
         ]
     return [
