@@ -209,3 +209,11 @@ def test_install_advice_per_vendor(tmp_path):
     assert "ROCm build" in rocm and not rocm.startswith("pip install 'rlctl")
     ascend = AscendPlatform(ascend_910b(tmp_path / "a")).engine_install_hint("vllm")
     assert "vllm-ascend==0.23.0.post1" in ascend and "not pip install 'rlctl[vllm]'" in ascend
+
+
+@pytest.mark.parametrize("cc, first", [((10, 0), "FLASHINFER"), ((9, 0), "FLASH_ATTN")])
+def test_nvidia_vllm_candidates_choose_what_vllm_picks(tmp_path, cc, first):
+    """The candidate list doctor shows chooses vLLM 0.33's own pick: FLASHINFER on SM 10."""
+    p = NvidiaPlatform(b200_sglang(tmp_path, cc=cc))  # flashinfer-python installed
+    chosen = [c.name for c in p.rollout_attention_candidates() if c.chosen]
+    assert chosen == [first] and f"{first} for a decoder model" in p.engine_settings("vllm").reason
