@@ -38,7 +38,7 @@ class AscendPlatform(Platform):
     # it here and an explicit ``rollout.engine = "sglang"`` is refused before any worker starts
     engine_order = ("vllm", "hf")
     engine_dists = {
-        "vllm": ("vllm", "vllm-ascend"),
+        "vllm": ("vllm", "vllm-ascend", "torch-npu"),
         "hf": ("transformers", "torch-npu"),
     }
     unsupported_engines = {"sglang": SGLANG_NPU_SOURCE}
@@ -131,13 +131,24 @@ class AscendPlatform(Platform):
                 "'rlctl[vllm]', which installs the CUDA wheel"
             )
         if engine == "hf":
-            torch = self.host.torch.base_version
-            npu = f"torch-npu=={torch}" if torch else "torch-npu"
+            npu = self.torch_npu_requirement()
             missing = [d for d in ("transformers",) if self.host.dists.get(d) is None]
             if self.host.dists.get("torch-npu") is None:
                 missing.append(npu)
             return "pip install " + " ".join(missing or ["transformers", npu])
         return super().engine_install_hint(engine)
+
+    def torch_npu_requirement(self) -> str:
+        """The torch-npu to install: vllm-ascend's own pins where it is installed (its PKG-INFO,
+        e.g. 0.23.0.post1: ``torch==2.10.0``, ``torch-npu==2.10.0.post4``, which win over vLLM's
+        torch), else the torch_npu release of the installed torch."""
+        plugin = self.host.dists.get("vllm-ascend")
+        if plugin is not None:
+            pins = [plugin.requirement_on(d) for d in ("torch", "torch-npu")]
+            if all(pins):
+                return " ".join(f"'{r}'" for r in pins)
+        torch = self.host.torch.base_version
+        return f"'torch-npu=={torch}.*'" if torch else "torch-npu"
 
     def engine_settings(self, engine: str) -> EngineSettings:
         """vllm-ascend picks its NPU attention backend itself; rollout runs eager, because ACL graphs
