@@ -32,6 +32,12 @@ VLLM_ROCM_SOURCE = (
     "FLASH_ATTN asserts on ROCm (0.33.0 vllm/v1/attention/backends/fa_utils.py returns no "
     "FlashAttention version there)"
 )
+VLLM_ROCM_MOE_SOURCE = (
+    "vllm 0.33.0 vllm/envs.py (VLLM_ROCM_USE_AITER_MOE defaults to True once VLLM_ROCM_USE_AITER=1), "
+    "vllm/model_executor/layers/fused_moe/oracle/unquantized.py convert_to_unquantized_kernel_format "
+    "(the AITER backend: rocm_aiter_ops.shuffle_weights of w13/w2 in process_weights_after_loading; "
+    "the Triton backend's ROCm padding keeps the values in place)"
+)
 VLLM_ASCEND_SOURCE = (
     "vllm-ascend 0.23.0.post1 vllm_ascend/platform.py NPUPlatform.get_attn_backend_cls (the plugin "
     "picks its own NPU backend); ACL graphs capture weight addresses, so replays after an RL weight "
