@@ -138,6 +138,21 @@ CATALOGUE: dict[str, DeviceSpec] = {
         arch="gfx942",
         interconnect="Infinity Fabric",
     ),
+    # AMD Instinct MI355X (CDNA 4, gfx950; AMD launch, June 2025, as reported by The Register
+    # 2025-06-12 and others): 288 GB HBM3E, 8 TB/s, dense BF16 about 2.5 PFLOPS (5 with sparsity),
+    # Infinity Fabric 7 x 153.6 GB/s = 1075 GB/s. No rocminfo reading recorded: memory is the
+    # datasheet's; approximate.
+    "mi355x": DeviceSpec(
+        "mi355x",
+        "rocm",
+        _gb(288),
+        2500,
+        8000,
+        1075,
+        "AMD Instinct MI355X launch figures (approximate; memory: datasheet 288 GB)",
+        arch="gfx950",
+        interconnect="Infinity Fabric",
+    ),
     # Huawei Atlas 800T A2 / Ascend 910B (910B2/B3 modules): 64 GB HBM2e, ~1.6 TB/s, ~320 TFLOPS
     # FP16/BF16, HCCS 7 x 56 GB/s = 392 GB/s. Huawei publishes no per-chip datasheet in English: these
     # are the figures of public reports and Huawei's Atlas product pages; treat as approximate.

@@ -130,6 +130,21 @@ def mi300x(tmp: Path, env: dict[str, str] | None = None) -> Host:
     return host
 
 
+def mi355x_aiter(tmp: Path) -> Host:
+    """8 x MI355X (gfx950), ROCm 7.0, ROCm vLLM 0.33.0 with AMD's aiter (the "amd-aiter"
+    distribution), amdsmi for Ray; no visible-devices variables exported."""
+    host = rocm_host(tmp, arch_version=90500, rocm="7.0.0-38", env={})
+    site, root = tmp / "site", tmp / "root"
+    replace(site, "torch", "2.14.0+rocm7.0")
+    replace(site, "transformers", "5.19.0")
+    ray_needing_amdsmi(site)
+    make_dist(site, "amdsmi", "7.0.2")
+    touch(root, "/opt/rocm/lib/libamd_smi.so")
+    make_dist(site, "amd-aiter", "0.1.5")
+    vllm_033(site, "+rocm700")
+    return host
+
+
 def ascend_910b(tmp: Path) -> Host:
     """8 x 910B3, CANN 9.1.0, torch 2.10.0 + torch-npu 2.10.0.post4, vllm 0.23.0 + vllm-ascend 0.23.0.post1."""
     host = ascend_busy_host(tmp, cann="9.1.0", torch="2.10.0", torch_npu="2.10.0.post4")

@@ -20,7 +20,14 @@ from rlctl.trainer.workers.rollout_engines import rollout_engine
 from tests.engines.fakes import install
 from tests.engines.helpers import make_model
 from tests.engines.test_vendor_construction import _hardware
-from tests.platforms.vendor_hosts import ascend_910b, ascend_sglang_only, b200_sglang, h100, mi300x
+from tests.platforms.vendor_hosts import (
+    ascend_910b,
+    ascend_sglang_only,
+    b200_sglang,
+    h100,
+    mi300x,
+    mi355x_aiter,
+)
 
 # host -> (the engine auto picks, its release on that host, pins that must FAIL the plan)
 HOSTS = {
@@ -29,6 +36,7 @@ HOSTS = {
     "b200-sglang": (b200_sglang, "sglang", "0.5.23", set()),
     "mi300x": (mi300x, "vllm", "0.33.0", {"rocm-cuda-visible-devices", "ray-noset-hip-visible-devices"}),
     "910b": (ascend_910b, "vllm", "0.23.0", set()),
+    "mi355x-aiter": (mi355x_aiter, "vllm", "0.33.0", set()),
 }
 
 
@@ -236,3 +244,34 @@ def test_forced_fa3_on_a_b200_target_is_refused(tmp_path):
     assert code == 2 and "fa3" in err and len(err.strip().splitlines()) == 1
     code, out, err = run_cli("plan", str(path), "--hardware", "h100:8")
     assert code == 0, err
+
+
+def test_mi355x_moe_runs_aiter_attention_without_aiter_moe(tmp_path, monkeypatch, capsys):
+    """MI355X with aiter and a MoE model: plan, doctor and the worker env agree on AITER attention
+    with VLLM_ROCM_USE_AITER_MOE=0 (vLLM 0.33's AITER MoE shuffles experts after loading), and
+    the plan for --hardware mi355x:8 names the same vLLM pick on gfx950."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    host = mi355x_aiter(tmp_path)
+    monkeypatch.delenv("RLCTL_PLATFORM", raising=False)
+    monkeypatch.setattr(resolve, "Host", lambda env=None: host)
+    moe = tmp_path / "moe"
+    config = Qwen2MoeConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+    )  # fmt: skip
+    Qwen2MoeForCausalLM(config).save_pretrained(moe)
+    path = tmp_path / "p.toml"
+    path.write_text(
+        f'[model]\npath = "{moe}"\n[platform]\nvendor = "rocm"\n[cluster]\ndevices_per_node = 8\n'
+        '[rollout]\nengine = "vllm"\n'
+    )
+    plan = _run(["plan", str(path), "--json"], capsys)
+    doctor = _run(["doctor", "--profile", str(path), "--json"], capsys)
+    want = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE": "0"}
+    for env in (plan["env"], doctor["plan"]["env"], plan["roles"]["rollout"]["env"]):
+        assert {k: env.get(k) for k in want} == want
+    target = _run(["plan", str(path), "--hardware", "mi355x:8", "--json"], capsys)
+    assert target["roles"]["rollout"]["settings"]["reason"] == plan["roles"]["rollout"]["settings"]["reason"]
+    assert target["device"]["arch"] == "gfx950"
