@@ -9,8 +9,10 @@ with its rollout TP rank's tensors, preallocated (the rollout engine's own weigh
   streamed in buckets; per-parameter gather + broadcast; whole-model gather).
 * ``disk``: gather to rank 0, safetensors file (fsync), every rank loads it.
 * ``trainer``: the exact weight sync the training loop runs, ``PolicyWorker.sync_weights`` of
-  :mod:`rlctl.trainer.workers.roles` on the registry's FSDP2 training engine and HF rollout engine (TP 1,
-  HF names: the only rollout layout the loop uses today), fingerprint check included.
+  :mod:`rlctl.trainer.workers.roles` on the registry's FSDP2 training engine and HF rollout engine,
+  fingerprint check included: at q = 1 whole HF tensors on every rank; at q > 1 the planned move
+  into the tensor-parallel engine's own shards (layout ``hf_tp``), measured in a case of its own
+  beside ``planned`` and ``verl`` into the same layout.
 
 Every rank's output is checked exactly: a SHA-256 of every tensor against the tensors vLLM's loaders
 (or the HF engine) would hold, built independently (:mod:`rlctl.reshard.verify`); a mismatch is a
@@ -98,7 +100,7 @@ class Row:
     layers_kept: int = 0
     layers_full: int = 0
     model_bytes: int = 0  # bytes of the layers kept (train dtype)
-    fmt: str = "vllm"  # rollout layout: "vllm" (TP shards, merged qkv/gate_up) or "hf" (TP 1, HF names)
+    fmt: str = "vllm"  # rollout layout: "vllm" (TP shards, merged qkv/gate_up), "hf" (TP 1) or "hf_tp" (HF engine TP)
     rank_order: str = "contiguous"
     transport: str = ""
     bucket_bytes: int = 0
@@ -141,6 +143,7 @@ class _Case:
     p: int
     q: int
     strategies: tuple[str, ...]
+    fmt: str = ""  # rollout layout; "" = HF names at q = 1, vLLM's TP shards above
 
 
 def plan_cases(
@@ -152,7 +155,7 @@ def plan_cases(
 ) -> list[_Case]:
     """Every case to run, in order: each model at the depth that fits (all strategies), then the
     headline pair at a second depth (bounded-memory strategies) where layers were cut."""
-    from rlctl.reshard.layout import check_tp
+    from rlctl.reshard.layout import check_hf_tp, check_tp
     from rlctl.reshard.model import spec_from_config
 
     cases = []
@@ -171,6 +174,16 @@ def plan_cases(
             if not device.on_host:
                 chosen = tuple(s for s in chosen if s not in HOST_ONLY)
             cases.append(_Case(model, cfg, p, q, chosen))
+            if (
+                q > 1
+                and "trainer" in strategies
+                and device.on_host
+                and p % q == 0
+                and not check_hf_tp(spec, q)
+            ):
+                # the loop's own sync into the HF engine's TP shards, beside planned and verl into the same layout
+                in_loop = tuple(s for s in ("planned", "verl", "trainer") if s in strategies)
+                cases.append(_Case(model, cfg, p, q, in_loop, "hf_tp"))
         kept = cfg["num_hidden_layers"]
         if (
             kept < full_cfg["num_hidden_layers"]
@@ -229,7 +242,7 @@ def bench(
                 continue
             cfg, p, q = case.cfg, case.p, case.q
             world = max(p, q)
-            fmt = "hf" if q == 1 else "vllm"
+            fmt = case.fmt or ("hf" if q == 1 else "vllm")
             spec = spec_from_config(cfg, torch.bfloat16)
             plan = train_to_rollout_plan(
                 spec, p, q, bucket_bytes=bucket_bytes, rank_order=rank_order, fmt=fmt
@@ -302,14 +315,14 @@ def bench(
 
 
 def layer_costs(rows: list[Row]) -> list[LayerCost]:
-    """Per-layer cost of every (model, p, q, strategy) measured at two depths."""
+    """Per-layer cost of every (model, p, q, strategy) measured at two depths in one layout."""
     by: dict[tuple, dict[int, float]] = {}
     full: dict[str, int] = {}
     for r in rows:
-        by.setdefault((r.model, r.p, r.q, r.strategy), {})[r.layers_kept] = r.seconds
+        by.setdefault((r.model, r.p, r.q, r.strategy, r.fmt), {})[r.layers_kept] = r.seconds
         full[r.model] = r.layers_full
     out = []
-    for (model, p, q, strategy), depths in by.items():
+    for (model, p, q, strategy, _), depths in by.items():
         if len(depths) >= 2:
             (l1, t1), (l2, t2) = sorted(depths.items())[:2]
             out.append(LayerCost(model, p, q, strategy, (l1, l2), (t1, t2), full[model]))
@@ -317,11 +330,11 @@ def layer_costs(rows: list[Row]) -> list[LayerCost]:
 
 
 def peer_ratios(rows: list[Row]) -> dict[tuple, dict[str, float]]:
-    """Per (model, layers, p, q): each other strategy's seconds over planned's."""
-    planned = {(r.model, r.layers_kept, r.p, r.q): r.seconds for r in rows if r.strategy == "planned"}
+    """Per (model, layers, p, q, layout): each other strategy's seconds over planned's."""
+    planned = {(r.model, r.layers_kept, r.p, r.q, r.fmt): r.seconds for r in rows if r.strategy == "planned"}
     out: dict[tuple, dict[str, float]] = {}
     for r in rows:
-        key = (r.model, r.layers_kept, r.p, r.q)
+        key = (r.model, r.layers_kept, r.p, r.q, r.fmt)
         if r.strategy != "planned" and key in planned:
             out.setdefault(key, {})[r.strategy] = r.seconds / planned[key]
     return out

@@ -115,21 +115,33 @@ def _worker(rank: int, world: int, port: int, job: dict, outdir: str) -> None:
 
 def _trainer_sync(job: dict, rank: int, world: int):
     """The loop's own weight sync on real engines: ``PolicyWorker.sync_weights`` (unchanged) on the
-    registry's FSDP2 training engine and HF rollout engine, both loaded from ``job["checkpoint"]``.
+    registry's FSDP2 training engine and HF rollout engine, both loaded from ``job["checkpoint"]``;
+    at ``q > 1`` the engine is tensor-parallel and the sync writes its shards in place.
     Returns the timed callable and the rollout engine's tensors (checked after the timing)."""
+    import types
+
     from rlctl.dispatch.mesh import Mesh
     from rlctl.dispatch.worker import WorkerContext
     from rlctl.engines.registry import get_engine
+    from rlctl.trainer.plan.specs import RolloutSpec
     from rlctl.trainer.workers.roles import PolicyWorker
 
-    path, model_type = job["checkpoint"], job["config"]["model_type"]
+    path, model_type, q, order = job["checkpoint"], job["config"]["model_type"], job["q"], job["rank_order"]
     worker = PolicyWorker.__new__(PolicyWorker)  # what init_model builds, minus the loss and optimiser use
     worker._rlctl_ctx = WorkerContext(
         role="actor", rank=rank, world_size=world, local_rank=rank, local_world_size=world,
-        mesh=Mesh.of(None, world), master_addr="127.0.0.1", master_port=int(os.environ.get("MASTER_PORT", 0)),
+        mesh=Mesh.of(None, world).with_rollout(q, order), master_addr="127.0.0.1",
+        master_port=int(os.environ.get("MASTER_PORT", 0)),
     )  # fmt: skip
+    tp = {"tensor_parallel_size": q, "rank_order": order} if q > 1 else {}
+    if q > 1:  # no loss or canary: the bench checks every byte itself
+        worker.spec = types.SimpleNamespace(
+            rollout=RolloutSpec(tensor_parallel_size=q, rank_order=order), lora=None
+        )
     worker.actor = get_engine("train", model_type, "fsdp2", "cpu")(path, device="cpu", dtype="bfloat16")
-    worker.rollout = get_engine("rollout", model_type, "hf", "cpu")(path, device="cpu", dtype="bfloat16")
+    worker.rollout = get_engine("rollout", model_type, "hf", "cpu")(
+        path, device="cpu", dtype="bfloat16", **tp
+    )
     torch.set_num_threads(1)  # the engines may have changed it
 
     def once() -> None:

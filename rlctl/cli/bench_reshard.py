@@ -46,7 +46,7 @@ def _strategies(value: str) -> tuple[str, ...]:
     "--strategies",
     default="planned,verl,openrlhf,trl,disk,trainer",
     show_default=True,
-    help="planned plus peers (verl, openrlhf, trl), disk and the trainer's own sync (q = 1 only).",
+    help="planned plus peers (verl, openrlhf, trl), disk and the trainer's own sync (at q > 1 into the HF engine's TP shards, beside planned and verl into the same layout).",
 )
 @click.option("--bucket-mb", default=64, show_default=True, type=int, help="Bucket size (planned and verl).")
 @click.option(
@@ -150,7 +150,7 @@ def _print(rows, where, bucket_mb: int, rank_order: str) -> None:
         link = r.frac_loopback if r.frac_loopback is not None else r.frac_memcpy
         table.add_row(
             r.model, f"{r.layers_kept}/{r.layers_full}", f"{r.params / 1e6:.0f}M", f"{r.model_bytes / 1e9:.2f}",
-            f"{r.p}->{r.q}", r.fmt if r.fmt == "hf" else f"vllm tp{r.q}", r.strategy, r.transport,
+            f"{r.p}->{r.q}", r.fmt if r.fmt == "hf" else f"{'hf' if r.fmt == 'hf_tp' else 'vllm'} tp{r.q}", r.strategy, r.transport,
             f"{r.seconds:.3f}", f"{r.gbps:.2f}", f"{link:.0%}" if link is not None else "-",
             f"{r.peak_extra_mb:.0f}", f"{ratio:.1f}x" if ratio else "-", "yes" if r.match else "NO",
         )  # fmt: skip
@@ -169,12 +169,17 @@ def _print(rows, where, bucket_mb: int, rank_order: str) -> None:
             "seconds (1 rank: of memcpy)"
         )
     click.echo(f"memcpy of one process, measured in each job: {bws[0]:.2f} .. {bws[-1]:.2f} GB/s")
-    for (model, layers, p, q), by in ratios.items():
+    for (model, layers, p, q, fmt), by in ratios.items():
         peers = {s: x for s, x in by.items() if s in ("verl", "openrlhf", "trl")}
         if peers:
             best = min(peers, key=peers.get)
             click.echo(
-                f"{model} ({layers} layers) p={p}->q={q}: planned is {peers[best]:.2f}x the best peer ({best})"
+                f"{model} ({layers} layers) p={p}->q={q} {fmt}: planned is {peers[best]:.2f}x the best peer ({best})"
+            )
+        if "trainer" in by and "verl" in by and fmt == "hf_tp":
+            click.echo(
+                f"{model} ({layers} layers) p={p}->q={q} {fmt}: the loop's sync is "
+                f"{by['verl'] / by['trainer']:.2f}x faster than verl's full-gather buckets into the same shards"
             )
     for c in layer_costs(rows):
         click.echo(

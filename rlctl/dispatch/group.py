@@ -73,7 +73,7 @@ class WorkerGroup:
         pool: ResourcePool,
         cls: type,
         role: str = "actor",
-        mesh: Mapping[str, int] | None = None,
+        mesh: Mapping[str, int] | Mesh | None = None,
         backend: str = "ray",
         init_kwargs: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
@@ -189,7 +189,7 @@ class WorkerGroup:
 def spawn_colocated(
     pool: ResourcePool,
     roles: Mapping[str, type],
-    mesh: Mapping[str, int] | None = None,
+    mesh: Mapping[str, int] | Mesh | None = None,
     backend: str = "ray",
     init_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     env: Mapping[str, str] | None = None,

@@ -4,6 +4,11 @@ Ranks are laid out row-major over the axes in the order given, so ``{"dp": 2, "t
 two TP ranks of one DP group next to each other (ranks 0,1 = dp 0; ranks 2,3 = dp 1), which is what
 keeps TP groups inside one node. The axis named ``"dp"`` is the data-parallel one; a mesh without
 it has a DP size of 1 (every rank sees the whole batch).
+
+A group whose ranks also hold a tensor-parallel rollout engine carries its rollout layout
+(``rollout_tp`` ranks a replica, TP groups ``contiguous`` or ``strided``): :meth:`Mesh.rollout`
+is the mesh generation is dispatched over (one batch share per replica, the same share to each TP
+rank of it, one answer collected per replica), while every other stage keeps the group's mesh.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ class Mesh:
     """An ordered named shape such as ``(("dp", 2), ("tp", 2))``."""
 
     shape: tuple[tuple[str, int], ...]
+    rollout_tp: int = 1
+    rollout_order: str = "contiguous"
 
     @classmethod
     def of(cls, spec: Mapping[str, int] | Mesh | None, world_size: int) -> Mesh:
@@ -82,3 +89,23 @@ class Mesh:
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.shape)
+
+    def with_rollout(self, tp: int, order: str = "contiguous") -> Mesh:
+        """This mesh with a rollout layout of ``tp`` ranks a replica (``contiguous`` TP groups
+        ``[d*tp, (d+1)*tp)``, or ``strided`` ``{d, d+dp, ...}``)."""
+        if tp < 1 or self.world_size % tp:
+            raise ValueError(
+                f"rollout tensor-parallel {tp} does not divide the mesh's {self.world_size} ranks"
+            )
+        if order not in ("contiguous", "strided"):
+            raise ValueError(f"rollout rank order {order!r}; expected 'contiguous' or 'strided'")
+        return Mesh(self.shape, tp, order)
+
+    def rollout(self) -> Mesh:
+        """The mesh generation runs over: ``world / rollout_tp`` DP replicas of ``rollout_tp`` TP
+        ranks, laid out in the rollout order (strided = the TP axis outermost)."""
+        dp = self.world_size // self.rollout_tp
+        if self.rollout_tp == 1:
+            return Mesh(((DP_AXIS, dp),))
+        axes = ((DP_AXIS, dp), ("tp", self.rollout_tp))
+        return Mesh(axes if self.rollout_order == "contiguous" else axes[::-1])

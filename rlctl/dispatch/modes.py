@@ -36,6 +36,9 @@ class Dispatch(str, enum.Enum):
     # column: the method must leave them out); a list of one output per DP group
     DP_COMPUTE_METRICS = "DP_COMPUTE_METRICS"
     RANK_ZERO = "RANK_ZERO"  # only rank 0 runs, with the arguments as given; its output
+    # DP_COMPUTE_PROTO over the group's rollout mesh (Mesh.rollout): split over the rollout
+    # replicas, replicated over the TP ranks of each, one answer per replica
+    ROLLOUT_COMPUTE_PROTO = "ROLLOUT_COMPUTE_PROTO"
 
 
 class Execute(str, enum.Enum):
@@ -236,6 +239,29 @@ register_dispatch_mode(
     collect_rank_zero,
     collect_ranks=lambda mesh: [0],
     default_execute=Execute.RANK_ZERO,
+)
+
+
+def dispatch_rollout(mesh: Mesh, args: tuple, kwargs: dict) -> list[tuple[tuple, dict]]:
+    return dispatch_dp(mesh.rollout(), args, kwargs)
+
+
+def collect_rollout_proto(mesh: Mesh, outputs: dict[int, Any]) -> Any:
+    return collect_dp_proto(mesh.rollout(), outputs)
+
+
+def _rollout_representatives(mesh: Mesh) -> list[int]:
+    return mesh.rollout().representatives()
+
+
+collect_rollout_proto.copies_parts = True
+collect_rollout_proto.concat_of = _rollout_representatives
+
+register_dispatch_mode(
+    Dispatch.ROLLOUT_COMPUTE_PROTO.value,
+    dispatch_rollout,
+    collect_rollout_proto,
+    collect_ranks=_rollout_representatives,
 )
 
 

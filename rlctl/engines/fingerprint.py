@@ -224,3 +224,66 @@ def dtype_named(name: str) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"not a torch dtype: {name!r}")
     return dtype
+
+
+@functools.lru_cache(maxsize=8192)
+def _column_positions(
+    name: str, shape: Shape, start: int, cols: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """As :func:`_shard_positions` for a ``Shard(1)`` piece of a 2-D tensor holding global columns
+    ``[start, start + cols)`` (a row-parallel weight of tensor parallelism)."""
+    pos, _ = sample_plan(name, shape)
+    width = shape[1]
+    row, col = pos // width, pos % width
+    mine = (col >= start) & (col < start + cols)
+    return (row[mine] * cols + col[mine] - start).to(device), mine.nonzero().reshape(-1)
+
+
+def _split_entry(name: str, local: torch.Tensor, split) -> _Entry:
+    """This rank's share of a tensor-parallel piece's fingerprint: ``split`` has ``dim`` (0, or 1 of
+    a 2-D tensor), ``start`` (the piece's first global index on it) and ``full`` (the whole shape)."""
+    shape = tuple(split.full)
+    if split.dim == 0:
+        positions, index = _shard_positions(name, shape, split.start, local.shape[0], local.device)
+    elif split.dim == 1 and len(shape) == 2:
+        positions, index = _column_positions(name, shape, split.start, local.shape[1], local.device)
+    else:
+        raise NotImplementedError(f"fingerprint of {name!r} split on dim {split.dim} of {shape}")
+    return _Entry(local, positions, index, sample_plan(name, shape)[1], None)
+
+
+def fingerprint_sharded(
+    spec: Sequence[tuple[str, Shape]], params: Mapping[str, torch.Tensor], splits: Mapping, group
+) -> dict[str, tuple[float, float, str] | None]:
+    """Rollout-side fingerprints of a tensor-parallel model: ``params`` are this rank's tensors
+    (pieces where ``splits[name]`` says how the full tensor was split, whole copies elsewhere).
+    Each rank reads the plan's samples that fall in its pieces and the partial sums are added over
+    the TP ``group`` (one all-reduce), so every rank holds the fingerprint of each whole tensor,
+    comparable with the trainer's; a piece one rank failed to update changes the sum every rank of
+    its group reports. Every rank of the group must call this with the same ``spec``."""
+    out: dict[str, tuple[float, float, str] | None] = {}
+    entries: list[tuple[str, _Entry, bool]] = []
+    with torch.no_grad():
+        for name, shape in spec:
+            param, split = params.get(name), splits.get(name)
+            out[name] = None
+            held = (
+                tuple(split.full) if split is not None else tuple(param.shape) if param is not None else None
+            )
+            if param is None or held != tuple(shape):
+                continue
+            entry = _split_entry(name, param, split) if split is not None else _whole(name, param, None)
+            entries.append((name, entry, split is not None))
+        if not entries:
+            return out
+        table = _sums([e for _, e, _ in entries])
+        pieces = torch.tensor([s for _, _, s in entries])
+        if bool(pieces.any()):
+            import torch.distributed as dist
+
+            partial = (table * pieces[:, None]).to(entries[0][1].tensor.device)
+            dist.all_reduce(partial, group=group)
+            table = torch.where(pieces[:, None], partial.cpu(), table)
+    for (name, entry, _), (s, a) in zip(entries, table.tolist(), strict=True):
+        out[name] = (s, a, str(entry.tensor.dtype).removeprefix("torch."))
+    return out

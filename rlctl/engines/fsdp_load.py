@@ -295,7 +295,7 @@ def _non_persistent(model: nn.Module) -> set[str]:
     return out
 
 
-def _snapshot_buffers(model: nn.Module) -> dict[tuple[str, str], torch.Tensor]:
+def snapshot_buffers(model: nn.Module) -> dict[tuple[str, str], torch.Tensor]:
     return {
         (mod_name, b): t
         for mod_name, mod in model.named_modules()
@@ -304,7 +304,7 @@ def _snapshot_buffers(model: nn.Module) -> dict[tuple[str, str], torch.Tensor]:
     }
 
 
-def _restore_buffers(model: nn.Module, saved: dict[tuple[str, str], torch.Tensor], device) -> None:
+def restore_buffers(model: nn.Module, saved: dict[tuple[str, str], torch.Tensor], device) -> None:
     """``to_empty`` wiped the buffers too; put back what ``__init__`` computed, on ``device``."""
     modules = dict(model.named_modules())
     for (mod_name, b), t in saved.items():
@@ -350,10 +350,10 @@ def load_sharded(
         value_head=value_head,
     )
     prepare(model)
-    buffers = _snapshot_buffers(model)
+    buffers = snapshot_buffers(model)
     shard(model)
     model.to_empty(device=param_device)
-    _restore_buffers(model, buffers, device)
+    restore_buffers(model, buffers, device)
     if kind == "safetensors":
         fill_from_safetensors(model, model_path, torch_dtype)
     else:

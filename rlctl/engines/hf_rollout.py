@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rlctl.engines.fingerprint import fingerprint_views
+from rlctl.engines import hf_tp
+from rlctl.engines.fingerprint import fingerprint_sharded, fingerprint_views
 from rlctl.engines.hf_model import cache_kwarg, load_causal_lm, output_cache, supports_logits_to_keep
 from rlctl.engines.logprob import position_ids_from_mask, scaled_log_softmax, token_log_probs
 from rlctl.engines.lora import LoraSpec, inject
@@ -65,19 +66,26 @@ class HFRolloutEngine:
         gpu_memory_utilization: float | None = None,
         seed: int = 0,
         lora: LoraSpec | None = None,
+        rank_order: str = "contiguous",
     ):
         """``gpu_memory_utilization`` is for engines that pre-allocate a KV cache (vLLM, SGLang);
         this engine allocates as it goes and ignores it. ``seed`` is unused: every ``generate``
         call takes its own. ``lora``: the base is held once with the trainer's adapter layers
         injected (:mod:`rlctl.engines.lora`); a sync then sends only the adapter tensors, copied
-        in place under the same names."""
-        if tensor_parallel_size != 1:
-            raise UserError(
-                f"the HF rollout engine runs one model copy per rank; tensor_parallel_size="
-                f"{tensor_parallel_size} needs rollout.engine = 'vllm' or 'sglang'"
-            )
+        in place under the same names.
+
+        ``tensor_parallel_size > 1`` (:mod:`rlctl.engines.hf_tp`): every rank of the initialised
+        default process group builds the model on the meta device, splits it by the model's TP plan
+        over its replica's ranks (``rank_order``: contiguous or strided TP groups) and allocates only
+        its shards, uninitialised: the weight sync fills them."""
         self.device = torch.device(device)
-        if isinstance(model_path_or_module, nn.Module):
+        self.tp = tensor_parallel_size
+        self.tp_group, self.tp_splits = None, {}
+        if self.tp > 1:
+            self.model = self._sharded_model(
+                model_path_or_module, dtype, trust_remote_code, attn_implementation, lora, rank_order
+            )
+        elif isinstance(model_path_or_module, nn.Module):
             model = model_path_or_module
         else:
             model = load_causal_lm(
@@ -86,15 +94,41 @@ class HFRolloutEngine:
                 trust_remote_code=trust_remote_code,
                 attn_implementation=attn_implementation,
             )
-        if lora is not None:
-            inject(model, lora)
-        self.model = model.to(self.device).eval()
+        if self.tp == 1:
+            if lora is not None:
+                inject(model, lora)
+            self.model = model.to(self.device).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
         self._cache_kw = cache_kwarg(self.model)
         self._keep_logits = supports_logits_to_keep(self.model)
         self._rope_by_length = length_dependent_rope(self.model.config) is not None
         self.asleep = False
+
+    def _sharded_model(
+        self, source, dtype, trust_remote_code, attn_implementation, lora, rank_order
+    ) -> nn.Module:
+        """The model split over this rank's TP group, only its shards allocated (see ``__init__``)."""
+        import torch.distributed as dist
+
+        if lora is not None or isinstance(source, nn.Module) or not dist.is_initialized():
+            why = (
+                "a LoRA actor"
+                if lora is not None
+                else "a model object"
+                if isinstance(source, nn.Module)
+                else "no initialised process group"
+            )
+            raise UserError(f"rollout.tensor_parallel = {self.tp}: the HF engine cannot split {why}; set 1")
+        model = hf_tp.build_meta_model(
+            source, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation
+        )
+        mesh = hf_tp.rollout_mesh(self.device.type, dist.get_world_size(), self.tp, rank_order)["tp"]
+        self.tp_group = mesh.get_group()
+        plan = hf_tp.declared_plan(model)
+        self.tp_splits = hf_tp.apply_plan(model, plan, self.tp_group, self.tp, mesh.get_local_rank())
+        hf_tp.materialize(model, self.device, tied=bool(getattr(model.config, "tie_word_embeddings", False)))
+        return model.eval()
 
     # -- generation --------------------------------------------------------------------------------
     def _step(self, input_ids, attention_mask, position_ids, cache):
@@ -230,17 +264,24 @@ class HFRolloutEngine:
 
     # -- weights and memory ------------------------------------------------------------------------
     def _named_tensors(self) -> dict[str, torch.Tensor]:
-        """Every parameter under each of its HF names (tied ones twice) plus the buffers."""
+        """Every parameter under each of its HF names (tied ones twice; under TP this rank's
+        shard) plus the buffers."""
         tensors = dict(self.model.named_parameters(remove_duplicate=False))
         tensors.update(dict(self.model.named_buffers()))
         return tensors
 
+    def local_tensors(self) -> dict[str, torch.Tensor]:
+        """HF name -> the tensor this rank stores for it (its TP shard), each storage once: what a
+        planned sync (:mod:`rlctl.reshard`, layout ``hf_tp``) fills in place."""
+        return dict(self.model.named_parameters())
+
     @torch.no_grad()
     def update_weights(self, stream: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Copy ``(HF name, full tensor)`` pairs into the model in place; returns how many were copied.
+        """Copy ``(HF name, tensor)`` pairs into the model in place; returns how many were taken.
 
         Tied parameters share storage, so either name updates both. A DTensor is gathered first
-        (a collective: every rank of its mesh must stream it).
+        (a collective: every rank of its mesh must stream it). Under TP each tensor is this rank's
+        shard (the planned sync hands back the engine's own tensors, filled: nothing to copy).
         """
         params = self._named_tensors()
         count = 0
@@ -250,6 +291,9 @@ class HFRolloutEngine:
                 raise RunError(f"update_weights: the rollout model has no parameter {name!r}")
             if hasattr(tensor, "full_tensor"):
                 tensor = tensor.full_tensor()
+            if tensor is target or (tensor.data_ptr() == target.data_ptr() and tensor.shape == target.shape):
+                count += 1
+                continue
             if tuple(tensor.shape) != tuple(target.shape):
                 raise RunError(
                     f"update_weights: {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
@@ -263,6 +307,9 @@ class HFRolloutEngine:
     ) -> dict[str, tuple[float, float, str] | None]:
         """Fingerprints (:mod:`rlctl.engines.fingerprint`) of the HF-named tensors in ``spec``, read
         from the model's own parameters; None for a name the model lacks or holds in another shape."""
+        if self.tp > 1:  # each rank reads its shards; the TP group adds them up (a collective)
+            params = dict(self.model.named_parameters(remove_duplicate=False))
+            return fingerprint_sharded(spec, params, self.tp_splits, self.tp_group)
         params = self._named_tensors()
         return fingerprint_views(spec, lambda name, shape: params.get(name))
 

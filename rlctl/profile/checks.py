@@ -33,12 +33,7 @@ def check_profile(profile: Profile, origins: dict[str, Path]) -> None:
             "actor.mini_batch_prompts",
             f"expected a divisor of trainer.prompts_per_step ({profile.trainer.prompts_per_step}), got {mini}",
         )
-    if profile.rollout.tensor_parallel > 1:
-        fail(
-            "rollout.tensor_parallel",
-            f"{profile.rollout.tensor_parallel} is not supported yet: the rollout engine holds one whole "
-            "model copy per training rank and the actor's weights are synced at tensor-parallel 1; set 1",
-        )
+    _check_rollout_tp(profile, fail)
     _check_shapes(profile, fail)
     reward = profile.reward
     if reward.kind == "custom" and ":" not in reward.function:
@@ -77,14 +72,48 @@ def check_profile(profile: Profile, origins: dict[str, Path]) -> None:
             fail("trainer.loggers", f"expected console, jsonl, tensorboard or wandb, got {name!r}")
 
 
+def _check_rollout_tp(profile: Profile, fail: Callable[[str, str], None]) -> None:
+    """Where rollout tensor parallelism runs: the HF engine colocated with the trainer (sync mode),
+    a plain single-turn policy. Each other case is refused naming what stands in the way."""
+    tp = profile.rollout.tensor_parallel
+    if tp == 1:
+        return
+    blockers = {
+        "rollout.engine": (
+            profile.rollout.engine in ("vllm", "sglang"),
+            f"{profile.rollout.engine!r} rollout runs at tensor-parallel 1 only so far (one engine copy "
+            "per rank); the HF engine ('hf') runs tensor-parallel",
+        ),
+        "trainer.mode": (
+            profile.trainer.mode != "sync",
+            f"{profile.trainer.mode!r} runs the rollout in workers of its own that take full weights; "
+            "tensor-parallel rollout runs colocated, in 'sync' mode",
+        ),
+        "agent.env": (
+            bool(profile.agent.env),
+            "multi-turn environments run on every rank; a tensor-parallel replica would run each "
+            "episode's tools once per rank",
+        ),
+        "actor.lora": (
+            profile.actor.lora is not None,
+            "a LoRA actor syncs adapter tensors; the tensor-parallel engine takes planned full-weight shards",
+        ),
+    }
+    for key, (blocked, why) in blockers.items():
+        if blocked:
+            fail(
+                key, f"rollout.tensor_parallel = {tp}: {why}; set rollout.tensor_parallel = 1 or change {key}"
+            )
+
+
 def _check_shapes(profile: Profile, fail: Callable[[str, str], None]) -> None:
     """Sizes the workers need to divide, caught before any worker starts.
 
     Batch sizes need not divide the number of ranks: the update pads each mini-batch with
     masked rows (``rlctl.trainer.step.minibatch``). What must divide is fixed by the model and the
     world: the rollout's tensor-parallel degree against the world size and the attention heads
-    (vLLM's rule, also ``rlctl.reshard.layout.check_tp``: heads divisible by tp; kv heads and tp,
-    one a multiple of the other).
+    (the HF engine's rule, ``rlctl.reshard.layout.check_hf_tp``: query and KV heads both divisible by
+    tp, each rank holding whole heads).
     """
     c, tp = profile.cluster, profile.rollout.tensor_parallel
     world = c.nodes * c.devices_per_node
@@ -105,10 +134,11 @@ def _check_shapes(profile: Profile, fail: Callable[[str, str], None]) -> None:
     q, kv = heads
     if q % tp:
         fail("rollout.tensor_parallel", f"{tp} does not divide the model's num_attention_heads ({q})")
-    if (tp >= kv and tp % kv) or (tp < kv and kv % tp):
+    if kv % tp:
         fail(
             "rollout.tensor_parallel",
-            f"{tp} and the model's num_key_value_heads ({kv}): one must be a multiple of the other",
+            f"{tp} does not divide the model's num_key_value_heads ({kv}): the HF engine shards whole "
+            "KV heads (it cannot replicate them)",
         )
 
 

@@ -183,7 +183,8 @@ class RolloutSection:
     top_p: float = field(1.0, "Nucleus sampling mass.", gt=0, le=1)
     top_k: int = field(0, "Top-k sampling (0 = off).", ge=0)
     max_new_tokens: int = field(64, "Maximum response length in tokens.", ge=1)
-    tensor_parallel: int = field(1, "Rollout tensor-parallel degree; only 1 is supported yet.", ge=1)
+    tensor_parallel: int = field(1, "Rollout tensor-parallel degree: each rollout replica splits the model over this many "
+        "ranks (HF engine, sync mode; vLLM and SGLang run 1 so far).", ge=1)
     gpu_memory_utilization: float = field(
         0.5, "vLLM/SGLang memory fraction (the HF engine reads none; leave it at 0.5).", gt=0, le=1
     )

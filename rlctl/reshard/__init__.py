@@ -50,6 +50,7 @@ Every rank of ``group`` must iterate the generator to the end (each round is a c
 
 from rlctl.reshard.api import (
     DEFAULT_BUCKET_BYTES,
+    choose_rank_order,
     reshard_rollout_to_train,
     reshard_train_to_rollout,
     train_to_rollout_plan,
@@ -65,6 +66,7 @@ __all__ = [
     "Layout",
     "LocalTensor",
     "ModelSpec",
+    "choose_rank_order",
     "Plan",
     "fsdp_layout",
     "make_plan",

@@ -166,3 +166,35 @@ def _run(
         yield from run_rank_p2p(executor, group)
     else:
         yield from run_rank(executor, torch_all_to_all(group))
+
+
+def choose_rank_order(
+    config: Any, train_world: int, rollout_tp: int, ranks_per_node: int, *, fmt: str = "hf_tp"
+) -> tuple[str, str]:
+    """How to group ``train_world`` FSDP ranks into rollout TP groups of ``rollout_tp``, and why.
+
+    ``strided`` (HybridFlow's grouping: TP rank ``r // (world / tp)``) keeps more of each rank's
+    FSDP rows on the rank that needs them, so fewer bytes cross ranks; it is taken when it moves
+    fewer bytes and its TP groups, which span the whole world, stay inside one node (a TP group
+    talks at every layer of every decode step: it needs the node's fast links). Otherwise the
+    ``contiguous`` groups vLLM and verl launch (ranks ``[d*tp, (d+1)*tp)``, inside a node).
+    """
+    if rollout_tp == 1:
+        return "contiguous", "rollout tensor-parallel 1: one engine copy per rank"
+    if train_world == rollout_tp:
+        return "contiguous", f"one rollout replica of all {train_world} ranks (both orders are the same)"
+    if train_world > ranks_per_node:
+        return "contiguous", (
+            f"strided TP groups would span nodes ({train_world} ranks, {ranks_per_node} a node): "
+            "contiguous groups keep each replica inside a node"
+        )
+    moved = {
+        order: train_to_rollout_plan(config, train_world, rollout_tp, rank_order=order, fmt=fmt).bytes_moved()
+        for order in ("contiguous", "strided")
+    }
+    pick = "strided" if moved["strided"] < moved["contiguous"] else "contiguous"
+    gib = {k: v / 2**30 for k, v in moved.items()}
+    return pick, (
+        f"{pick}: {gib[pick]:.3g} GiB cross ranks per sync in bf16 "
+        f"(contiguous {gib['contiguous']:.3g}, strided {gib['strided']:.3g})"
+    )

@@ -152,6 +152,12 @@ def _kv_shard(spec: ModelSpec, tp: int, t: int) -> tuple[int, int]:
 
 
 def _vocab_tensor(name: str, param: str, spec: ModelSpec, tp: int, t: int, multiple: int) -> LocalTensor:
+    """Vocabulary rows of TP rank ``t``: padded to a multiple then split evenly (vLLM, Megatron),
+    or with ``multiple=0`` ``torch.chunk``'s split (a DTensor ``Shard(0)``: the last ranks shorter)."""
+    if multiple == 0:
+        a, b = fsdp_shard_rows(spec.vocab_size, tp, t)
+        blocks = (Block(param, a, b, 0, spec.hidden_size, 0),) if b > a else ()
+        return LocalTensor(name, (b - a, spec.hidden_size), blocks)
     padded = -(-spec.vocab_size // multiple) * multiple
     per = padded // tp
     a, b = min(t * per, spec.vocab_size), min((t + 1) * per, spec.vocab_size)
@@ -227,6 +233,27 @@ def _tp_rank_tensors(
     return out
 
 
+def check_hf_tp(spec: ModelSpec, tp: int) -> str | None:
+    """Why ``spec`` cannot be split ``tp`` ways by a head-wise ``Shard`` TP plan (the HF engine's,
+    :mod:`rlctl.engines.hf_tp`), or None. Every rank must hold whole query and KV heads (no KV-head
+    replication: a ``Shard(0)`` cannot hold a head twice) and an equal share of the MLP."""
+    if tp < 1:
+        return f"tp={tp} must be >= 1"
+    if spec.num_heads % tp:
+        return f"num_attention_heads={spec.num_heads} is not divisible by tp={tp}"
+    if spec.num_kv_heads % tp:
+        return (
+            f"num_key_value_heads={spec.num_kv_heads} is not divisible by tp={tp} (the HF engine shards "
+            "whole KV heads; it cannot replicate them as vLLM does)"
+        )
+    if spec.intermediate_size % tp:
+        return f"intermediate_size={spec.intermediate_size} is not divisible by tp={tp}"
+    return None
+
+
+ROLLOUT_FORMATS = ("vllm", "hf", "hf_tp")
+
+
 def rollout_layout(
     spec: ModelSpec, tp: int, world: int | None = None, *, rank_order: str = "contiguous", fmt: str = "vllm"
 ) -> Layout:
@@ -234,22 +261,29 @@ def rollout_layout(
 
     ``fmt="vllm"``: vLLM's per-rank parameters (merged ``qkv_proj`` / ``gate_up_proj``, vocab padded
     to a multiple of 64 then split evenly, padding rows zero, tied LM head absent as vLLM skips it).
-    ``fmt="hf"``: unmerged full HF names (the HF rollout engine); needs ``tp == 1``.
+    ``fmt="hf"``: unmerged full HF names (the HF rollout engine at TP 1).
+    ``fmt="hf_tp"``: the HF engine's TP shards (:mod:`rlctl.engines.hf_tp`): HF names, DTensor
+    ``Shard`` pieces (``torch.chunk`` split) - q/k/v and gate/up by rows, o/down by columns, embedding
+    and untied LM head by vocabulary rows, norms and row-parallel biases whole; tied LM head absent.
     """
     world = world or tp
-    if fmt not in ("vllm", "hf"):
-        raise UserError(f"reshard: rollout format {fmt!r}; expected 'vllm' or 'hf'")
+    if fmt not in ROLLOUT_FORMATS:
+        raise UserError(f"reshard: rollout format {fmt!r}; expected one of {', '.join(ROLLOUT_FORMATS)}")
     if fmt == "hf" and tp != 1:
         raise UserError(f"reshard: rollout format 'hf' holds full HF tensors; needs tp=1, got tp={tp}")
     if world % tp:
         raise UserError(f"reshard: world size {world} is not a multiple of rollout tp={tp}")
-    why = check_tp(spec, tp)
+    why = check_hf_tp(spec, tp) if fmt == "hf_tp" else check_tp(spec, tp)
     if why:
         raise UserError(f"reshard: rollout tp={tp} not possible for this model: {why}")
     if fmt == "hf":
         params = spec.hf_params()
         hf = tuple(LocalTensor(n, s, (_full(n, s),)) for n, s in params.items())
         return Layout("hf(tp=1)", tuple(hf for _ in range(world)))
+    if fmt == "hf_tp":
+        per_tp = [tuple(_tp_rank_tensors(spec, tp, t, False, 0)) for t in range(tp)]
+        ranks = tuple(per_tp[tp_rank_of(r, world, tp, rank_order)] for r in range(world))
+        return Layout(f"hf_tp(tp={tp},{rank_order})", ranks)
     per_tp = [tuple(_tp_rank_tensors(spec, tp, t, True, VLLM_VOCAB_PADDING)) for t in range(tp)]
     ranks = tuple(per_tp[tp_rank_of(r, world, tp, rank_order)] for r in range(world))
     return Layout(f"vllm(tp={tp},{rank_order})", ranks)

@@ -139,14 +139,42 @@ def tp_rank_for(rank: int, world: int, tp: int, rank_order: str) -> int:
     return rank % tp if rank_order == "contiguous" else rank // (world // tp)
 
 
+ROW_PARALLEL = (".o_proj.weight", ".down_proj.weight")  # split by input columns; their biases whole
+COLUMN_PARALLEL = (".q_proj.", ".k_proj.", ".v_proj.", ".gate_proj.", ".up_proj.")
+
+
+def hf_tp_shard(
+    full: Mapping[str, torch.Tensor], cfg: Mapping, tp_rank: int, tp_size: int
+) -> dict[str, torch.Tensor]:
+    """The tensors TP rank ``tp_rank`` of the HF engine's tensor-parallel model holds
+    (:mod:`rlctl.engines.hf_tp`), cut from full HF tensors with ``torch.chunk``: q/k/v, gate/up,
+    embedding and LM head by rows, o/down by columns, the rest whole; a tied LM head absent."""
+    out: dict[str, torch.Tensor] = {}
+    for name, w in full.items():
+        if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+            continue
+        rows = name in ("model.embed_tokens.weight", "lm_head.weight") or any(
+            p in name for p in COLUMN_PARALLEL
+        )
+        if rows:
+            out[name] = torch.chunk(w, tp_size, dim=0)[tp_rank].clone()
+        elif name.endswith(ROW_PARALLEL):
+            out[name] = torch.chunk(w, tp_size, dim=1)[tp_rank].clone()
+        else:
+            out[name] = w
+    return out
+
+
 def expected_digests(
     cfg: Mapping, full: Mapping[str, torch.Tensor], world: int, tp: int, rank_order: str, fmt: str
 ) -> list[dict[str, str]]:
-    """Per rank, the digest of every tensor the rollout engine would load (``fmt`` "vllm" or "hf")."""
+    """Per rank, the digest of every tensor the rollout engine would load (``fmt`` "vllm", "hf" or
+    "hf_tp")."""
     if fmt == "hf":
         ref = digests(full)
         return [ref for _ in range(world)]
-    per_tp = [digests(vllm_shard(full, cfg, t, tp)) for t in range(tp)]
+    shard = hf_tp_shard if fmt == "hf_tp" else vllm_shard
+    per_tp = [digests(shard(full, cfg, t, tp)) for t in range(tp)]
     return [per_tp[tp_rank_for(r, world, tp, rank_order)] for r in range(world)]
 
 

@@ -31,8 +31,7 @@ def test_batches_that_do_not_divide_the_ranks_are_fine(tmp_path):
 
 
 def tp_error(tmp_path, **kw) -> str:
-    """The shape check's message for a tensor-parallel profile (rollout TP > 1 is refused before
-    these checks run until it is supported, so they are exercised directly)."""
+    """The shape check's message for a tensor-parallel profile, exercised directly."""
     from rlctl.errors import UserError
     from rlctl.profile import load_profile
     from rlctl.profile.checks import _check_shapes
@@ -56,9 +55,12 @@ def test_tensor_parallel_must_divide_the_attention_heads(tmp_path):
     assert msg.startswith("rollout.tensor_parallel:") and "num_attention_heads (14)" in msg
 
 
-def test_tensor_parallel_and_kv_heads_must_be_multiples(tmp_path):
+def test_tensor_parallel_must_divide_the_kv_heads(tmp_path):
     msg = tp_error(tmp_path, tp=4, devices=4, heads=(12, 6))
     assert msg.startswith("rollout.tensor_parallel:") and "num_key_value_heads (6)" in msg
+    # the HF engine shards whole KV heads: more TP ranks than KV heads cannot be replicated
+    msg = tp_error(tmp_path, tp=4, devices=4, heads=(8, 2))
+    assert "does not divide the model's num_key_value_heads (2)" in msg
 
 
 def test_tensor_parallel_must_divide_the_world(tmp_path):

@@ -88,7 +88,7 @@ def test_planned_and_peers_on_four_gloo_ranks_exact_and_described(small_model) -
     assert (
         planned.recv_bytes_max < verl.recv_bytes_max < openrlhf.recv_bytes_max
     )  # bytes the busiest rank takes in
-    assert set(peer_ratios(rows)[(small_model, 2, 4, 2)]) == {"verl", "openrlhf", "trl"}
+    assert set(peer_ratios(rows)[(small_model, 2, 4, 2, "vllm")]) == {"verl", "openrlhf", "trl"}
 
 
 @pytest.mark.timeout(240)
@@ -96,6 +96,22 @@ def test_trainer_row_runs_the_loops_sync_on_real_engines(small_model) -> None:
     rows = bench([small_model], [(2, 1)], repeat=1, strategies=("planned", "trainer"))
     assert [(r.strategy, r.fmt, r.match) for r in rows] == [("planned", "hf", True), ("trainer", "hf", True)]
     assert rows[1].transport == "PolicyWorker.sync_weights"
+
+
+@pytest.mark.timeout(300)
+def test_trainer_row_at_tp2_fills_the_tp_engines_shards_checked_byte_for_byte(small_model) -> None:
+    """At q > 1 the loop's sync runs into the HF engine's tensor-parallel shards, in a case of its
+    own beside planned and verl into the same layout; a wrong value in one shard fails the row."""
+    rows = bench([small_model], [(2, 2)], repeat=1, strategies=("planned", "verl", "trainer"))
+    in_loop = [(r.strategy, r.match) for r in rows if r.fmt == "hf_tp"]
+    assert in_loop == [("planned", True), ("verl", True), ("trainer", True)]
+    assert {r.fmt for r in rows if r.strategy != "trainer"} == {"vllm", "hf_tp"}
+    assert set(peer_ratios(rows)[(small_model, 2, 2, 2, "hf_tp")]) == {"verl", "trainer"}
+    with pytest.raises(RunError, match=r"trainer .*hf_tp.* rank 1: model\.layers\.0\.mlp\.down_proj\.weight"):
+        bench(
+            [small_model], [(2, 2)], repeat=1, strategies=("trainer",),
+            corrupt={"rank": 1, "tensor": "model.layers.0.mlp.down_proj.weight", "strategy": "trainer"},
+        )  # fmt: skip
 
 
 def test_layers_kept_fit_memory_and_a_second_depth_gives_the_per_layer_cost() -> None:

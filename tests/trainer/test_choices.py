@@ -70,14 +70,32 @@ def test_memory_fraction_is_refused_where_nothing_reads_it(tmp_path):
     choices.check_engine_keys(prof, "vllm")
 
 
-def test_tensor_parallel_above_one_is_refused_with_exit_2(tmp_path):
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ('[rollout]\ntensor_parallel = 2\nengine = "vllm"\n', "rollout.engine"),
+        ('[rollout]\ntensor_parallel = 2\n[trainer]\nmode = "async"\n', "trainer.mode"),
+        ('[rollout]\ntensor_parallel = 2\n[agent]\nenv = "builtin:calculator"\n', "agent.env"),
+    ],
+)
+def test_tensor_parallel_where_it_cannot_run_is_refused_naming_the_key(tmp_path, extra, key):
     (tmp_path / "model").mkdir()
     path = tmp_path / "p.toml"
-    path.write_text('[model]\npath = "model"\n[rollout]\ntensor_parallel = 2\n')
+    path.write_text('[model]\npath = "model"\n[cluster]\ndevices_per_node = 2\n' + extra)
     code, out, err = run_cli("profile", "check", str(path))
     assert code == 2
-    assert "rollout.tensor_parallel: 2 is not supported yet" in err
+    assert f"{key}: rollout.tensor_parallel = 2: " in err
     assert "Traceback" not in err
+
+
+def test_tensor_parallel_on_the_hf_engine_in_sync_mode_is_accepted(tmp_path):
+    (tmp_path / "model").mkdir()
+    path = tmp_path / "p.toml"
+    path.write_text(
+        '[model]\npath = "model"\n[cluster]\ndevices_per_node = 2\n[rollout]\ntensor_parallel = 2\n'
+    )
+    code, out, err = run_cli("profile", "check", str(path))
+    assert code == 0, err
 
 
 def test_low_precision_keeps_fp32_masters_for_trained_models(tmp_path):

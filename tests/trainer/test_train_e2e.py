@@ -112,22 +112,39 @@ def test_ppo_with_critic_on_ray(write_profile, tmp_path, ray_session):
 
 
 @pytest.mark.timeout(600)
-def test_two_fsdp_ranks_on_ray_sync_through_reshard(write_profile, tmp_path, ray_session):
-    """Two FSDP2 ranks: the rollout engine on each rank sees exactly the trained weights."""
-    profile = write_profile("two-ranks", backend="ray", steps=2)
+def test_two_fsdp_ranks_on_ray_sync_through_reshard_at_tp2_then_resume_at_tp1(
+    write_profile, tmp_path, ray_session
+):
+    """Two FSDP2 ranks: the rollout engine sees exactly the trained weights, first as one
+    tensor-parallel replica over both ranks (the planned move into its shards), then, resumed
+    from the same checkpoint at rollout TP 1, as a whole copy on each rank."""
+    profile = write_profile("two-ranks", backend="ray", steps=3)
     text = profile.read_text().replace("[cluster]", "[cluster]\ndevices_per_node = 2")
     # An entropy bonus moves the weights even while every reward is still 0 (large lr: a stale
     # rollout copy would show as a log-prob gap far above the tolerance).
     actor = "micro_batch_sequences = 8\nppo_epochs = 2\nentropy_coeff = 0.01"
     profile.write_text(text.replace("micro_batch_sequences = 8", actor).replace("lr = 1e-4", "lr = 1e-2"))
-    code, _, err = run_cli("train", str(profile))
+    plan_json = tmp_path / "runs/two-ranks/plan.json"
+    code, _, err = run_cli("train", str(profile), "--set", "rollout.tensor_parallel=2", "--max-steps", "2")
     assert code == 0, err
+    predicted = {2: json.loads(plan_json.read_text())["memory"]["roles"]["rollout"]["weights_gib"]}
+    code, _, err = run_cli("train", str(profile), "--set", "rollout.tensor_parallel=1")
+    assert code == 0, err
+    predicted[3] = json.loads(plan_json.read_text())["memory"]["roles"]["rollout"]["weights_gib"]
     steps = by_step(metrics(tmp_path / "runs/two-ranks"))
-    # ppo_epochs = 2 forces the old-log-prob recompute, so the mismatch is measured every step; step 2's
-    # rollout ran on weights that came through the reshard after step 1's update.
-    assert steps[2]["rollout/log_prob_diff_max"] < 1e-4
-    assert steps[2]["sync/fingerprint_ok"] == 1.0  # the rollout copy matches the trainer's
+    # ppo_epochs = 2 forces the old-log-prob recompute, so the mismatch is measured every step; steps
+    # 2 (TP 2) and 3 (TP 1, resumed) sampled on weights that came through the reshard after an update.
+    for step in (2, 3):
+        assert steps[step]["rollout/log_prob_diff_max"] < 1e-4, step
+        assert steps[step]["sync/fingerprint_ok"] == 1.0, step  # the rollout copy matches the trainer's
     assert steps[1]["actor/grad_norm"] > 0
+    # each TP rank stores about half the rollout weights a whole copy takes
+    assert steps[2]["memory/rollout_weights_gib"] <= 0.6 * steps[3]["memory/rollout_weights_gib"]
+    # the planned move into the shards held little beyond them: within one sync bucket
+    assert 0 < steps[2]["sync/peak_extra_bytes"] <= 256 << 20
+    # each run's plan predicted the rollout weights a rank then held (GiB to 3 places: 1 MiB here)
+    for step, gib in predicted.items():
+        assert gib == pytest.approx(steps[step]["memory/rollout_weights_gib"], rel=0.2, abs=1e-3), step
 
 
 @pytest.mark.timeout(300)

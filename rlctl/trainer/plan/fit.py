@@ -14,6 +14,7 @@ from rlctl.profile.schema import Profile
 from rlctl.trainer.plan import memory as mem
 from rlctl.trainer.plan.kv_rules import engine_length, kv_checks
 from rlctl.trainer.plan.pin_verdicts import PinVerdict
+from rlctl.trainer.plan.rollout_tp import moved_per_rank, rollout_rank_order
 from rlctl.trainer.plan.shape import model_shape
 from rlctl.trainer.plan.verdict import FAIL, PASS, WARN, Check
 
@@ -22,6 +23,12 @@ GIB = mem.GIB
 
 def _gib(n: float | int | None) -> str:
     return "n/a" if n is None else f"{n / GIB:.2f} GiB"
+
+
+def p_order(profile: Profile) -> str:
+    """The rollout TP groups' order and the reason, as the plan prints it."""
+    order, why = rollout_rank_order(profile)
+    return why if why.startswith(order) else f"{order} ({why})"
 
 
 def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
@@ -47,13 +54,28 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         f"set rollout.tensor_parallel to a divisor of {world}",
     )
     q, kv = shape.num_heads, shape.num_kv_heads
-    heads_ok = q % tp == 0 and ((tp >= kv and tp % kv == 0) or (tp < kv and kv % tp == 0))
+    hf = rollout.engine == "hf"
+    # the HF engine shards whole heads (rlctl.reshard.layout.check_hf_tp); vLLM also replicates KV heads
+    heads_ok = q % tp == 0 and (
+        kv % tp == 0 if hf else (tp >= kv and tp % kv == 0) or (tp < kv and kv % tp == 0)
+    )
     check(
         "attention heads / tensor_parallel",
         heads_ok,
         f"{q} query and {kv} KV heads over tensor-parallel {tp}",
-        "a tensor-parallel degree dividing the query heads, with KV heads a multiple or divisor of it",
+        "a tensor-parallel degree dividing the query and the KV heads"
+        if hf
+        else "a tensor-parallel degree dividing the query heads, with KV heads a multiple or divisor of it",
     )
+    if tp > 1:
+        check(
+            "rollout engine / tensor_parallel",
+            hf,
+            f"{rollout.engine} at tensor-parallel {tp}"
+            + (f", TP groups {p_order(p)}" if hf and world % tp == 0 and heads_ok else ""),
+            f"rollout.engine = 'hf' (the {rollout.engine} adapter runs tensor-parallel 1 so far) "
+            "or rollout.tensor_parallel = 1",
+        )
     padded = rows_per_rank * world - rows
     # batches need not divide the ranks: the driver pads with masked rows (trainer.step.minibatch)
     check(
@@ -140,6 +162,8 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         link_gb_s=plan.device.link_gb_s,
         hbm_gb_s=plan.device.hbm_gb_s,
         params=lora_trainable if lora_sync == "adapter-only" else None,
+        tp=tp,
+        moved_per_rank=moved_per_rank(p, world, tp, rollout.dtype) if tp > 1 and heads_ok else None,
     )
     cpu = plan.device_type == "cpu"
     # on CPU every rank of a node is a process sharing the host's RAM

@@ -231,13 +231,23 @@ def sync_memory(
     link_gb_s: float | None,
     hbm_gb_s: float | None,
     params: int | None = None,
+    tp: int = 1,
+    moved_per_rank: int | None = None,
 ) -> Sync:
-    """Bytes each rollout replica receives and the time at the device's link: with several ranks
-    every rank gathers the (world-1)/world it does not hold over the link (one direction: half
-    the datasheet's bidirectional figure), then copies into the engine at memory bandwidth.
+    """Bytes each rollout rank receives and the time at the device's link: at TP 1 every rank
+    gathers the (world-1)/world it does not hold over the link (one direction: half the
+    datasheet's bidirectional figure), then copies into the engine at memory bandwidth. At TP > 1
+    each rank takes only its 1/tp piece, ``moved_per_rank`` of it over the link (the planner's
+    count, :func:`rlctl.reshard.train_to_rollout_plan`), the rest copied locally.
     ``params``: what is sent, when not the whole model (a LoRA adapter)."""
     b = DTYPE_BYTES.get(dtype, 4)
     total = (shape.params if params is None else params) * b
+    if tp > 1 and moved_per_rank is not None:
+        piece = -(-total // tp)
+        seconds = (moved_per_rank / (link_gb_s / 2 * 1e9) if link_gb_s else 0.0) + (
+            piece / (hbm_gb_s * 1e9) if hbm_gb_s else 0.0
+        )
+        return Sync(piece, link_gb_s, seconds or None, f"planned move into tensor-parallel {tp} pieces")
     if world == 1 or not link_gb_s:
         seconds = total / (hbm_gb_s * 1e9) if hbm_gb_s else None
         return Sync(total, link_gb_s, seconds, "in-device copy" if hbm_gb_s else "in-process copy")

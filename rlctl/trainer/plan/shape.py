@@ -31,6 +31,18 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 32768,
         "tie_word_embeddings": False,
     },
+    # huggingface.co/Qwen/Qwen2.5-72B-Instruct/blob/main/config.json
+    "qwen2.5-72b-instruct": {
+        "model_type": "qwen2",
+        "vocab_size": 152064,
+        "hidden_size": 8192,
+        "intermediate_size": 29568,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+    },
     # huggingface.co/meta-llama/Llama-3.1-8B-Instruct/blob/main/config.json
     "llama-3.1-8b-instruct": {
         "model_type": "llama",
@@ -166,6 +178,16 @@ def _builtin_shape(name: str, where: str) -> ModelShape:
         "tie_word_embeddings": True,
     }
     return shape_from_config(cfg, f"built-in {name}")
+
+
+def model_config(model_path: str) -> dict | None:
+    """The model's config.json as a dict, or the known model's of that name; None when neither."""
+    config = Path(model_path) / "config.json"
+    try:
+        cfg = json.loads(config.read_text())
+    except (OSError, ValueError):
+        cfg = KNOWN_CONFIGS.get(Path(model_path.rstrip("/")).name.lower())
+    return cfg if isinstance(cfg, dict) else None
 
 
 def model_shape(model_path: str, where: str = "model.path") -> ModelShape:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rlctl.engines.lora import LoraSpec
 from rlctl.engines.optim import OptimConfig
 from rlctl.profile.schema import Profile
+from rlctl.trainer.plan.rollout_tp import rollout_rank_order
 
 if TYPE_CHECKING:
     from rlctl.trainer.plan.run_plan import RunPlan
@@ -79,6 +80,7 @@ class RolloutSpec:
     engine: str = "hf"
     dtype: str = "float32"
     tensor_parallel_size: int = 1
+    rank_order: str = "contiguous"  # TP groups over the policy's ranks (rlctl.reshard.choose_rank_order)
     gpu_memory_utilization: float = 0.5
     vendor: str = "cpu"  # the platform: the engine registry is keyed by it
     # the engine's keywords: the platform's engine_settings(engine) under rollout.engine_kwargs
@@ -213,6 +215,7 @@ def build_specs(
             engine=rollout_engine,
             dtype=dtype,
             tensor_parallel_size=p.rollout.tensor_parallel,
+            rank_order=rollout_rank_order(p)[0],
             gpu_memory_utilization=p.rollout.gpu_memory_utilization,
             vendor=vendor,
             engine_kwargs={"attn_implementation": attn}

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from rlctl.dispatch import DataProto, WorkerGroup, spawn_colocated
+from rlctl.dispatch.mesh import Mesh
 from rlctl.dispatch.pool import ResourcePool
 from rlctl.errors import UserError
 from rlctl.log import get_logger
@@ -135,7 +136,10 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) 
     groups = spawn_colocated(
         pool,
         roles,
-        mesh={"dp": pool.world_size},
+        # generation runs over the rollout replicas (Mesh.rollout); every other stage over all ranks
+        mesh=Mesh.of(None, pool.world_size).with_rollout(
+            specs.policy.rollout.tensor_parallel_size, specs.policy.rollout.rank_order
+        ),
         backend=c.backend,
         init_kwargs=init,
         env=plan.env,

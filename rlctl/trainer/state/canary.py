@@ -127,11 +127,12 @@ class SyncCanary:
     @classmethod
     def of_worker(cls, worker) -> SyncCanary | None:
         """The canary of a policy worker: its actor's compute dtype, its rollout's dtype, its rank
-        (None without a spec: a worker built around a bare engine has no trainer to compare)."""
+        (None without a spec or its engine settings: a worker built around bare engines, as the
+        reshard bench's, has no trainer settings to compare in)."""
         spec = getattr(worker, "spec", None)
-        if spec is None:
+        engine = getattr(spec, "engine", None)
+        if engine is None:
             return None
-        engine = spec.engine
         train_dtype = engine.mixed_precision or engine.dtype
         return cls(
             rank=worker.rank,

@@ -117,6 +117,12 @@ def merge_sync_metrics(per_rank: list[dict[str, float]] | None) -> dict[str, flo
         "sync/weight_version": records[0]["sync/weight_version"],
         # bytes loaded into rank 0's rollout engine (the full model, or a LoRA actor's adapter)
         **{k: records[0][k] for k in ("sync/bytes", "sync/model_bytes") if k in records[0]},
+        # the largest rank's: extra memory of the planned move, rollout weights stored
+        **{
+            k: max(r[k] for r in records)
+            for k in ("sync/peak_extra_bytes", "memory/rollout_weights_gib")
+            if all(k in r for r in records)
+        },
     }
 
 

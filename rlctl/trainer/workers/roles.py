@@ -141,14 +141,16 @@ class PolicyWorker(PeakMemory, Worker):
         self.actor_loss = make_actor_loss(spec.loss)
         self.sync_weights()
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.ROLLOUT_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample one response per row (the driver repeats prompts n times beforehand).
 
-        The engine seeds its own generator on its device from this rank's integer seed and returns
-        host tensors, so the driver never sees device memory.
+        Split over the rollout replicas: under rollout tensor parallelism the TP ranks of a
+        replica get the same rows and the replica's seed, and run one sharded model together.
+        The engine seeds its own generator on its device from that integer seed and returns host
+        tensors, so the driver never sees device memory.
         """
-        out = sample_rows(self.rollout, prompts, self.rank)
+        out = sample_rows(self.rollout, prompts, self.mesh.rollout().dp_rank(self.rank))
         return DataProto.from_dict(tensors=out, meta={"weight_version": self._sync_check().version})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -239,13 +241,15 @@ class PolicyWorker(PeakMemory, Worker):
         the check that the rollout engine now holds the trainer's weights (:mod:`.fingerprint`).
 
         One rank: the parameters stream straight across. Several ranks: the planned reshard moves
-        each rank's FSDP shards to where the rollout layout needs them (HF names, rollout TP 1).
+        each rank's FSDP shards to where the rollout layout needs them: full HF tensors at rollout
+        TP 1; at TP > 1 straight into the engine's own shards (layout ``hf_tp``, in place: no rank
+        materialises a tensor it does not hold, extra memory within one bucket).
         ``step`` is the RL step whose update is being synced (None at start and after a load);
         ``skip`` leaves that tensor out (fault injection for tests: ``RLCTL_INJECT_SYNC_SKIP``).
         Returns the ``sync/*`` metrics; a tensor that differs, or a canary gap too wide, fails the sync.
         """
         self.rollout.wake()
-        sent, checked = ByteCount(), None
+        sent, checked, stats = ByteCount(), None, {}
         lora = getattr(getattr(self, "spec", None), "lora", None)  # bench reshard's worker has no spec
         if lora is not None and getattr(self.rollout, "adapter_sync", False):
             self.rollout.update_weights(sent(without(self.actor.export_adapter(), skip)))
@@ -255,14 +259,20 @@ class PolicyWorker(PeakMemory, Worker):
         elif self.world_size == 1:
             self.rollout.update_weights(sent(without(self.actor.export_weights("full"), skip)))
         else:
+            rollout = getattr(getattr(self, "spec", None), "rollout", None)
+            tp, order = (rollout.tensor_parallel_size, rollout.rank_order) if rollout else (1, "contiguous")
             buckets = reshard_train_to_rollout(
                 self.actor.model.config,
                 train_world=self.world_size,
                 rank=self.rank,
-                rollout_tp=1,
+                rollout_tp=tp,
                 local_shards=dict(self.actor.export_weights("sharded")),
                 bucket_bytes=SYNC_BUCKET_BYTES,
-                fmt="hf",
+                rank_order=order,
+                fmt="hf_tp" if tp > 1 else "hf",
+                # filled in place (a skipped tensor is planned into a buffer of its own and dropped)
+                out=dict(without(self.rollout.local_tensors().items(), skip)) if tp > 1 else None,
+                stats=stats,
             )
             for bucket in sent(without(buckets, skip)):
                 self.rollout.update_weights(bucket)
@@ -276,6 +286,13 @@ class PolicyWorker(PeakMemory, Worker):
             params=None if checked is None else list(checked.items()),
         )
         out["sync/bytes"] = float(sent.bytes)
+        if stats:  # what the planned move held beyond the two layouts (buffers + unfinished outputs)
+            out["sync/peak_extra_bytes"] = float(stats["peak_extra_bytes"])
+        local = getattr(self.rollout, "local_tensors", None)
+        if local is not None:  # the rollout weights this rank stores (its TP shard)
+            out["memory/rollout_weights_gib"] = (
+                sum(t.numel() * t.element_size() for t in local().values()) / 2**30
+            )
         if lora is not None:
             out["sync/model_bytes"] = float(model_bytes(self.actor.model))
         return out

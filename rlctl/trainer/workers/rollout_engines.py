@@ -40,6 +40,8 @@ def rollout_engine(spec: Any, actor: Any = None) -> Any:
             value_head=False,
         )
         source, extra = lora_lib.shared_base_model(actor.model, lora_lib.inject(meta, lora, on_meta=True)), {}
+    if r.tensor_parallel_size > 1:  # only engines that split themselves take the TP layout
+        extra["rank_order"] = r.rank_order
     return cls(
         source,
         device=spec.engine.device_type,
