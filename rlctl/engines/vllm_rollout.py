@@ -78,15 +78,9 @@ class RlctlWorkerExtension:
     """Mixed into each vLLM worker (``worker_extension_cls``); reached via ``collective_rpc``."""
 
     def rlctl_model(self):
-        """The worker's model itself: ``model_runner.get_model()`` where the runner has it (it
-        unwraps the ``CUDAGraphWrapper`` / ``UBatchWrapper`` that ``model_runner.model`` is under
-        the default compilation mode: vllm 0.13.0 ``v1/worker/gpu_model_runner.py``; 0.33.0's V1
-        and V2 runners ``v1/worker/gpu_model_runner.py``, ``v1/worker/gpu/model_runner.py``), else
-        ``model_runner.model``. The wrapper forwards attributes but is not the model class, so its
-        name would hide the model's layout from the fingerprint."""
-        runner = self.model_runner
-        get_model = getattr(runner, "get_model", None)
-        return get_model() if callable(get_model) else runner.model
+        """``model_runner.get_model()``: unwraps vLLM 0.13's ``CUDAGraphWrapper``, whose name hid the
+        layout from the fingerprint (``v1/worker/gpu_model_runner.py``; 0.33 V2 ``gpu/model_runner.py``)."""
+        return getattr(self.model_runner, "get_model", lambda: self.model_runner.model)()
 
     def rlctl_load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
         """Load HF-named tensors into the worker's model in place; returns how many were given."""
