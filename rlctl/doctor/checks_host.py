@@ -208,11 +208,7 @@ def check_torch(p: Platform) -> CheckResult:
     if p.name == "ascend":
         npu = p.host.dists.get("torch-npu")
         if npu is None:
-            npu_fix = (
-                f"pip install 'torch-npu=={tb.base_version}.*'"
-                if tb.base_version
-                else "pip install torch-npu"
-            )
+            npu_fix = "pip install " + p.torch_npu_requirement()  # type: ignore[attr-defined]
             return failed("torch", f"{build}, but torch_npu is not installed", npu_fix, "torch", **details)
         if p.host.env.get("TORCH_DEVICE_BACKEND_AUTOLOAD") == "0":
             return warned(
@@ -301,7 +297,8 @@ def check_kernels(p: Platform) -> list[CheckResult]:
             failed(
                 "rollout-engine",
                 f"no rollout engine installed: {reason}",
-                p.engine_install_hint("hf"),
+                p.engine_install_hint(first)
+                + ("" if first == "hf" else f'; or, for rollout.engine = "hf": {p.engine_install_hint("hf")}'),
                 "kernels",
                 candidates=candidates,
             )

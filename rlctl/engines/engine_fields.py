@@ -51,6 +51,12 @@ RESERVED: dict[str, dict[str, str]] = {
     },
 }
 CONFIG_CLASS = {"vllm": "EngineArgs", "sglang": "ServerArgs"}
+# the other engine's length key -> this engine's (vllm EngineArgs.max_model_len, sglang
+# ServerArgs.context_length; neither class has the other's), refused whether or not it is installed
+OTHER_ENGINES_KEY: dict[str, dict[str, str]] = {
+    "vllm": {"context_length": "max_model_len"},
+    "sglang": {"max_model_len": "context_length"},
+}
 
 
 def _class(tree: ast.Module, name: str) -> ast.ClassDef | None:
@@ -127,6 +133,9 @@ def check_engine_kwargs(
         owner = RESERVED.get(engine, {}).get(key)
         if owner is not None:
             raise UserError(f"{where}.{key}: set by {owner}, not here")
+        own = OTHER_ENGINES_KEY.get(engine, {}).get(key)
+        if own is not None:
+            raise UserError(f"{where}.{key}: {engine} has no {key!r}; its length key is {own!r}")
         if fields is not None and key not in fields:
             raise UserError(
                 f"{where}.{key}: {engine} {version} has no {CONFIG_CLASS[engine]} field {key!r} "

@@ -77,9 +77,14 @@ PROCESSED_AFTER_TEMPERATURE = (0, 10, 2)  # vllm/v1/sample/sampler.py: processed
 class RlctlWorkerExtension:
     """Mixed into each vLLM worker (``worker_extension_cls``); reached via ``collective_rpc``."""
 
+    def rlctl_model(self):
+        """``model_runner.get_model()``: unwraps vLLM 0.13's ``CUDAGraphWrapper``, whose name hid the
+        layout from the fingerprint (``v1/worker/gpu_model_runner.py``; 0.33 V2 ``gpu/model_runner.py``)."""
+        return getattr(self.model_runner, "get_model", lambda: self.model_runner.model)()
+
     def rlctl_load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
         """Load HF-named tensors into the worker's model in place; returns how many were given."""
-        self.model_runner.model.load_weights(weights=weights)
+        self.rlctl_model().load_weights(weights=weights)
         return len(weights)
 
     def rlctl_weight_fingerprint(
@@ -87,7 +92,7 @@ class RlctlWorkerExtension:
     ) -> dict[str, tuple[float, float, str] | None]:
         """Fingerprints of HF-named tensors read from the worker's model (see :func:`vllm_view`);
         all None for a model class whose layout is not known (:mod:`.weight_layouts`)."""
-        model = self.model_runner.model
+        model = self.rlctl_model()
         if fingerprint_unavailable(type(model).__name__) is not None:
             return {name: None for name, _ in spec}
         params = dict(model.named_parameters(remove_duplicate=False))

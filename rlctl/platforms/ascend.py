@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from rlctl.platforms.base import Candidate, EngineSettings, Platform, ProbeResult, choose
-from rlctl.platforms.kernels import SGLANG_NPU_SOURCE, VLLM_ASCEND_SOURCE
+from rlctl.platforms.kernels import SGLANG_NPU_SOURCE, VLLM_ASCEND_NZ_SOURCE, VLLM_ASCEND_SOURCE
 
 DEFAULT_TOOLKIT = "/usr/local/Ascend/ascend-toolkit/latest"
+NZ_ENV = "VLLM_ASCEND_ENABLE_NZ"
 
 
 def _key_value(text: str | None, key: str) -> str | None:
@@ -37,7 +38,7 @@ class AscendPlatform(Platform):
     # it here and an explicit ``rollout.engine = "sglang"`` is refused before any worker starts
     engine_order = ("vllm", "hf")
     engine_dists = {
-        "vllm": ("vllm", "vllm-ascend"),
+        "vllm": ("vllm", "vllm-ascend", "torch-npu"),
         "hf": ("transformers", "torch-npu"),
     }
     unsupported_engines = {"sglang": SGLANG_NPU_SOURCE}
@@ -90,6 +91,37 @@ class AscendPlatform(Platform):
     def ray_noset_env(self) -> str:
         return "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"
 
+    def vendor_env(self) -> dict[str, str]:
+        """``VLLM_ASCEND_ENABLE_NZ=0``: vllm-ascend defaults it to 1 and its worker's ``wake_up``
+        raises while the weight NZ mode is non-zero, so every sleep/wake weight sync would die."""
+        return {NZ_ENV: "0"}
+
+    def nz_problem(self, engine_kwargs: dict[str, Any]) -> str | None:
+        """Why vllm-ascend would refuse rlctl's wake after a weight sync (None: NZ is off)."""
+        extra = engine_kwargs.get("additional_config")
+        if isinstance(extra, dict) and "weight_nz_mode" in extra:
+            value, where = extra["weight_nz_mode"], "additional_config.weight_nz_mode"
+        else:
+            value, where = self.rollout_env().get(NZ_ENV, "1"), NZ_ENV
+        try:
+            on = int(value) != 0
+        except (TypeError, ValueError):
+            return f"{where} = {value!r} is not an integer (vllm-ascend reads it with int())"
+        if not on:
+            return None
+        return (
+            f"{where} = {value}: vllm-ascend's worker wake_up raises 'FRACTAL_NZ mode is enabled' while "
+            f"the weight NZ mode is non-zero, and rlctl wakes the engine after every weight sync; set it "
+            f"to 0 ({VLLM_ASCEND_NZ_SOURCE})"
+        )
+
+    def kernel_problem(self, engine: str, engine_kwargs: dict[str, Any]) -> str | None:
+        if engine == "vllm":
+            problem = self.nz_problem(engine_kwargs)
+            if problem:
+                return problem
+        return super().kernel_problem(engine, engine_kwargs)
+
     def engine_install_hint(self, engine: str) -> str:
         if engine == "vllm":
             return (
@@ -99,13 +131,24 @@ class AscendPlatform(Platform):
                 "'rlctl[vllm]', which installs the CUDA wheel"
             )
         if engine == "hf":
-            torch = self.host.torch.base_version
-            npu = f"torch-npu=={torch}" if torch else "torch-npu"
+            npu = self.torch_npu_requirement()
             missing = [d for d in ("transformers",) if self.host.dists.get(d) is None]
             if self.host.dists.get("torch-npu") is None:
                 missing.append(npu)
             return "pip install " + " ".join(missing or ["transformers", npu])
         return super().engine_install_hint(engine)
+
+    def torch_npu_requirement(self) -> str:
+        """The torch-npu to install: vllm-ascend's own pins where it is installed (its PKG-INFO,
+        e.g. 0.23.0.post1: ``torch==2.10.0``, ``torch-npu==2.10.0.post4``, which win over vLLM's
+        torch), else the torch_npu release of the installed torch."""
+        plugin = self.host.dists.get("vllm-ascend")
+        if plugin is not None:
+            pins = [plugin.requirement_on(d) for d in ("torch", "torch-npu")]
+            if all(pins):
+                return " ".join(f"'{r}'" for r in pins)
+        torch = self.host.torch.base_version
+        return f"'torch-npu=={torch}.*'" if torch else "torch-npu"
 
     def engine_settings(self, engine: str) -> EngineSettings:
         """vllm-ascend picks its NPU attention backend itself; rollout runs eager, because ACL graphs
@@ -115,9 +158,11 @@ class AscendPlatform(Platform):
                 "vllm",
                 None,
                 {"enforce_eager": True},
+                env={NZ_ENV: self.rollout_env()[NZ_ENV]},
                 reason="vllm-ascend's own NPU backend (AscendAttentionBackend for a decoder model); "
-                "enforce_eager = true: ACL graphs replay the weights captured before a sync",
-                source=VLLM_ASCEND_SOURCE,
+                "enforce_eager = true: ACL graphs replay the weights captured before a sync; "
+                f"{NZ_ENV}=0: its wake_up refuses NZ weights",
+                source=f"{VLLM_ASCEND_SOURCE}; {VLLM_ASCEND_NZ_SOURCE}",
             )
         if engine == "sglang":
             return EngineSettings(

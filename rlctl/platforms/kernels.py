@@ -32,10 +32,22 @@ VLLM_ROCM_SOURCE = (
     "FLASH_ATTN asserts on ROCm (0.33.0 vllm/v1/attention/backends/fa_utils.py returns no "
     "FlashAttention version there)"
 )
+VLLM_ROCM_MOE_SOURCE = (
+    "vllm 0.33.0 vllm/envs.py (VLLM_ROCM_USE_AITER_MOE defaults to True once VLLM_ROCM_USE_AITER=1), "
+    "vllm/model_executor/layers/fused_moe/oracle/unquantized.py convert_to_unquantized_kernel_format "
+    "(the AITER backend: rocm_aiter_ops.shuffle_weights of w13/w2 in process_weights_after_loading; "
+    "the Triton backend's ROCm padding keeps the values in place)"
+)
 VLLM_ASCEND_SOURCE = (
     "vllm-ascend 0.23.0.post1 vllm_ascend/platform.py NPUPlatform.get_attn_backend_cls (the plugin "
     "picks its own NPU backend); ACL graphs capture weight addresses, so replays after an RL weight "
     "update read stale weights unless eager (vllm-ascend #7473, #13902)"
+)
+VLLM_ASCEND_NZ_SOURCE = (
+    "vllm-ascend 0.23.0.post1 vllm_ascend/envs.py (VLLM_ASCEND_ENABLE_NZ, default 1), "
+    "vllm_ascend/ascend_config.py (weight_nz_mode: additional_config first, else that variable), "
+    "vllm_ascend/worker/worker.py NPUWorker.wake_up (raises ValueError while weight_nz_mode != 0); "
+    "the same variable and check in 0.13 and 0.18"
 )
 SGLANG_SOURCE = (
     "sglang 0.5.23 sglang/srt/arg_groups/model_override_base.py get_default_attn_backend (MHA: fa3 on "
@@ -66,7 +78,8 @@ def vllm_rocm_pick(vllm_version: str | None, aiter_enabled: bool, priorities_in_
     ``priorities_in_source``: whether the installed ``vllm/platforms/rocm.py`` defines
     ``_get_backend_priorities`` (None: source not readable; the version decides).
     """
-    new = priorities_in_source if priorities_in_source is not None else _release(vllm_version) >= (0, 23)
+    release = _release(vllm_version)  # () for a --hardware target: the newest release read (0.33.0)
+    new = priorities_in_source if priorities_in_source is not None else (not release or release >= (0, 23))
     if new:
         return "ROCM_ATTN"  # first of _get_backend_priorities whenever no KV connector is used
     if _release(vllm_version) and _release(vllm_version) <= (0, 13, 99):

@@ -185,21 +185,23 @@ class NvidiaPlatform(Platform):
         return super().kernel_problem(engine, engine_kwargs)
 
     def rollout_attention_candidates(self) -> list[Candidate]:
-        """vLLM attention backends on NVIDIA, in preference order."""
+        """vLLM attention backends on NVIDIA in vLLM 0.33's order for this GPU (FLASHINFER first on
+        SM 10: ``_get_backend_priorities``), so the chosen one is :func:`vllm_cuda_pick`'s."""
         cc = self.compute_capability()
         fi = self.host.dists.get("flashinfer-python")
-        return choose(
-            [
-                ("FLASH_ATTN", cc is None or cc >= (8, 0), "vLLM's FlashAttention kernels (sm80+)"),
-                (
-                    "FLASHINFER",
-                    fi is not None,
-                    f"flashinfer {fi.version}" if fi else "flashinfer-python not installed",
-                ),
-                ("TRITON_ATTN", True, "Triton attention, portable"),
-                ("FLEX_ATTENTION", True, "torch flex attention"),
-            ]
-        )
+        options = [
+            ("FLASH_ATTN", cc is None or cc >= (8, 0), "vLLM's FlashAttention kernels (sm80+)"),
+            (
+                "FLASHINFER",
+                fi is not None,
+                f"flashinfer {fi.version}" if fi else "flashinfer-python not installed",
+            ),
+            ("TRITON_ATTN", True, "Triton attention, portable"),
+            ("FLEX_ATTENTION", True, "torch flex attention"),
+        ]
+        if cc is not None and cc[0] == 10:  # vLLM 0.33's SM 10 priorities: FLASHINFER, FLASH_ATTN, ...
+            options[0], options[1] = options[1], options[0]
+        return choose(options)
 
     def supported_dtypes(self) -> list[str]:
         cc = self.compute_capability()

@@ -16,7 +16,7 @@ from typing import Any
 
 from rlctl.platforms.base import Candidate, EngineSettings, Platform, ProbeResult, choose
 from rlctl.platforms.dists import parse_version
-from rlctl.platforms.kernels import SGLANG_HIP_SOURCE, VLLM_ROCM_SOURCE, vllm_rocm_pick
+from rlctl.platforms.kernels import SGLANG_HIP_SOURCE, VLLM_ROCM_MOE_SOURCE, VLLM_ROCM_SOURCE, vllm_rocm_pick
 
 # Ray's shim that wraps amdsmi (Ray 2.60: "import amdsmi" at module level, ImportError caught)
 RAY_AMDSMI_SHIM = "ray/_private/thirdparty/pyamdsmi/pyamdsmi.py"
@@ -186,7 +186,10 @@ class RocmPlatform(Platform):
     def vendor_env(self) -> dict[str, str]:
         env = {"NCCL_CUMEM_ENABLE": "0"}  # RCCL honours NCCL_* variables; same weight-sync hang
         if self._aiter_usable()[0]:
-            env.update({"VLLM_ROCM_USE_AITER": "1", "SGLANG_USE_AITER": "1"})
+            # AITER for attention, not for fused MoE: vLLM's AITER MoE shuffles the expert weights
+            # after loading (VLLM_ROCM_MOE_SOURCE), so rlctl's in-place load_weights of checkpoint-
+            # layout tensors at each sync would leave every expert wrong
+            env.update({"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE": "0", "SGLANG_USE_AITER": "1"})
         return env
 
     def attention_candidates(self) -> list[Candidate]:
@@ -262,6 +265,15 @@ class RocmPlatform(Platform):
         return super().engine_settings(engine)
 
     def kernel_problem(self, engine: str, engine_kwargs: dict[str, Any]) -> str | None:
+        env = self.rollout_env()
+        on = lambda k: env.get(k, "").lower() in ("1", "true")  # noqa: E731 (vllm/envs.py parsing)
+        if engine == "vllm" and on("VLLM_ROCM_USE_AITER") and on("VLLM_ROCM_USE_AITER_MOE"):
+            return (
+                "VLLM_ROCM_USE_AITER_MOE=1 with VLLM_ROCM_USE_AITER=1: vLLM's AITER fused MoE shuffles "
+                "the expert weights after loading and rlctl's weight sync loads checkpoint-layout "
+                f"tensors in place, so every expert would be wrong after the first sync ({VLLM_ROCM_MOE_SOURCE}); "
+                "unset it (rlctl sets 0: AITER attention, Triton fused MoE)"
+            )
         if engine == "vllm":
             config = engine_kwargs.get("attention_config")
             backend = config.get("backend") if isinstance(config, dict) else None

@@ -150,7 +150,25 @@ def test_ascend_without_torch_npu_is_told_to_install_torch_npu(tmp_path, monkeyp
     code, doc = doctor_json(host, monkeypatch, capsys)
     torch_row, engine = rows(doc)["torch"], rows(doc)["rollout-engine"]
     assert torch_row["verdict"] == "FAIL" and "torch-npu==2.7.1" in torch_row["fix"]
-    assert engine["verdict"] == "FAIL" and engine["fix"] == "pip install torch-npu==2.7.1"
+    # the platform's own engine first (vllm + vllm-ascend), the HF engine's install second
+    assert engine["verdict"] == "FAIL" and engine["fix"].startswith("pip install vllm, then vllm-ascend")
+    assert engine["fix"].endswith("""for rollout.engine = "hf": pip install 'torch-npu==2.7.1.*'""")
+    assert code == 1
+
+
+def test_ascend_torch_fix_follows_vllm_ascends_pins(tmp_path, monkeypatch, capsys):
+    """torch 2.13 under vllm-ascend 0.23.0.post1 without torch_npu: the fix is vllm-ascend's own
+    pins (torch==2.10.0, torch-npu==2.10.0.post4), not a torch_npu for the torch that is there."""
+    import shutil
+
+    from tests.platforms.vendor_hosts import replace
+
+    host = ascend_910b(tmp_path)
+    shutil.rmtree(next((tmp_path / "site").glob("torch_npu-*.dist-info")))
+    replace(tmp_path / "site", "torch", "2.13.0")
+    code, doc = doctor_json(host, monkeypatch, capsys)
+    fix = rows(doc)["torch"]["fix"]
+    assert "torch==2.10.0" in fix and "torch-npu==2.10.0.post4" in fix and "2.13" not in fix
     assert code == 1
 
 

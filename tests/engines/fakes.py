@@ -243,11 +243,19 @@ def _zero_weights(hf: HFRolloutEngine) -> None:
 
 # -- vLLM --------------------------------------------------------------------------------------------------
 def make_fake_vllm(
-    calls: list, version: str = VLLM_VERSIONS[-1], surface: dict | None = None, *, rocm: bool = False, **_
+    calls: list,
+    version: str = VLLM_VERSIONS[-1],
+    surface: dict | None = None,
+    *,
+    rocm: bool = False,
+    ascend: bool = False,
+    **_,
 ) -> types.ModuleType:
     """A ``vllm`` module of ``version``; every call is appended to ``calls``. ``rocm``: the ROCm
     build, where FLASH_ATTN asserts in its first forward (``fa_utils.get_flash_attn_version``
-    returns None on ROCm; ``FlashAttentionImpl.forward`` asserts, vllm 0.33.0)."""
+    returns None on ROCm; ``FlashAttentionImpl.forward`` asserts, vllm 0.33.0). ``ascend``: the
+    vllm-ascend 0.23.0.post1 worker, whose ``wake_up`` raises while the weight NZ mode is non-zero
+    (see :func:`_ascend_nz_mode`)."""
     s = surface or load_surface("vllm", version)
     rel = release(version)
     vllm = types.ModuleType("vllm")
@@ -313,6 +321,7 @@ def make_fake_vllm(
             self.llm_engine = self.lora
         self.sleeping: set[str] = set()
         self.host_copy = None
+        self.nz_mode = _ascend_nz_mode(args) if ascend else 0
 
     def _log_probs(self, logits, tokens, sp, all_greedy):
         if self.logprobs_mode == "raw_logits":
@@ -382,6 +391,11 @@ def make_fake_vllm(
 
     def wake_up(self, tags=None):
         calls.append(("wake_up", tags))
+        if self.nz_mode:  # vllm_ascend/worker/worker.py NPUWorker.wake_up (0.23.0.post1)
+            raise ValueError(
+                "FRACTAL_NZ mode is enabled. This may cause model parameter precision issues "
+                "in the RL scenarios. Please set weight_nz_mode=0 via --additional-config."
+            )
         tags = set(tags) if tags is not None else {"weights", "kv_cache"}
         if "weights" in tags and "weights" in self.sleeping:
             if self.host_copy is None:
@@ -405,6 +419,16 @@ def make_fake_vllm(
     vllm.LLM = type("LLM", (), methods)
     vllm.EngineArgs, vllm.SamplingParams, vllm.Logprob = EngineArgs, SamplingParams, Logprob
     return vllm
+
+
+def _ascend_nz_mode(args) -> int:
+    """vllm-ascend 0.23.0.post1 ``AscendConfig.weight_nz_mode`` (``vllm_ascend/ascend_config.py``),
+    read once when the engine is built: ``additional_config["weight_nz_mode"]`` when given, else
+    ``VLLM_ASCEND_ENABLE_NZ`` (``vllm_ascend/envs.py``: ``int(os.getenv(..., 1))``, default 1)."""
+    extra = getattr(args, "additional_config", None) or {}
+    if "weight_nz_mode" in extra:
+        return int(extra["weight_nz_mode"])
+    return int(os.getenv("VLLM_ASCEND_ENABLE_NZ", 1))
 
 
 class _LoadWeights:
@@ -522,6 +546,16 @@ def make_fake_sglang(
             )
         calls.append(("Engine", kwargs))
         self.hf = HFRolloutEngine(kwargs["model_path"])
+        # sglang/srt/configs/model_config.py _derive_context_length (0.5.23; same in 0.5.3)
+        derived = self.hf.model.config.max_position_embeddings
+        wanted = kwargs.get("context_length")
+        if wanted is not None and wanted > derived and not os.environ.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
+            raise ValueError(
+                f"Warning: User-specified context_length ({wanted}) is greater than the derived "
+                f"context_length ({derived}). ... To allow overriding this maximum, set the env var "
+                "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"
+            )
+        self.context_len = wanted if wanted is not None else derived
         self.loras = SGLangLoras(self.server_args, self.hf, calls)
         self.released: set[str] = set()
         self.host_copy = None

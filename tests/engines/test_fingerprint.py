@@ -205,3 +205,31 @@ def test_vllm_known_layout_is_read():
     name = "model.layers.0.mlp.down_proj.weight"
     got = _extension_over("Qwen2ForCausalLM", {name: w}).rlctl_weight_fingerprint([(name, (16, 16))])
     assert same(fingerprint_params([(name, w)])[name], got[name])
+
+
+class CUDAGraphWrapper:
+    """vllm 0.13.0 ``compilation/cuda_graph.py``: not a module; forwards attributes to ``runnable``
+    (``__getattr__``); ``unwrap()`` returns it. ``GPUModelRunner.model`` is one under the default
+    compilation mode and ``GPUModelRunner.get_model()`` unwraps it (``v1/worker/gpu_model_runner.py``)."""
+
+    def __init__(self, runnable):
+        self.runnable = runnable
+
+    def __getattr__(self, key):
+        return getattr(self.runnable, key)
+
+    def unwrap(self):
+        return self.runnable
+
+
+def test_vllm_fingerprint_reads_the_model_under_vllm_0_13s_cuda_graph_wrapper():
+    """The wrapper's class name is not a model class: read through it, the fingerprint would say
+    'not available' for every tensor of a layout rlctl knows. The runner's get_model() unwraps it."""
+    w = torch.randn(16, 16)
+    name = "model.layers.0.mlp.down_proj.weight"
+    ext = _extension_over("Qwen2ForCausalLM", {name: w})
+    model = ext.model_runner.model
+    wrapped = CUDAGraphWrapper(model)
+    ext.model_runner = types.SimpleNamespace(model=wrapped, get_model=lambda: wrapped.unwrap())
+    got = ext.rlctl_weight_fingerprint([(name, (16, 16))])
+    assert got[name] is not None and same(fingerprint_params([(name, w)])[name], got[name])

@@ -25,6 +25,8 @@ def _hardware(platform) -> dict:
     """The fake engine's kernel asserts for this platform's devices."""
     if platform.name == "rocm":
         return {"rocm": True}
+    if platform.name == "ascend":
+        return {"ascend": True}
     cc = platform.compute_capability() if platform.name == "nvidia" else None
     return {"device_capability": cc} if cc else {}
 
@@ -81,6 +83,68 @@ def test_rocm_sglang_gets_triton(tmp_path, monkeypatch):
 def test_ascend_vllm_runs_eager(tmp_path, monkeypatch):
     got = _construct(AscendPlatform(ascend_910b(tmp_path)), "vllm", "0.23.0", tmp_path, monkeypatch)
     assert got["enforce_eager"] is True
+
+
+def _worker_env(platform, monkeypatch) -> None:
+    """The worker process's environment: the run plan's env (``platform.rollout_env()``) as the
+    in-process backend puts it into ``os.environ`` and Ray into each actor's ``runtime_env``."""
+    monkeypatch.delenv("VLLM_ASCEND_ENABLE_NZ", raising=False)
+    for key, value in platform.rollout_env().items():
+        monkeypatch.setenv(key, value)
+
+
+def test_ascend_vllm_survives_a_whole_sync_cycle(tmp_path, monkeypatch):
+    """sleep -> load new weights -> wake -> generate on vllm-ascend 0.23.0.post1, whose wake_up
+    raises unless the weight NZ mode is 0 (its default is 1): the platform's env turns it off."""
+    import torch
+
+    platform = AscendPlatform(ascend_910b(tmp_path))
+    _worker_env(platform, monkeypatch)
+    engine, _ = _build(platform, "vllm", "0.23.0", tmp_path, monkeypatch)
+    hf = engine.llm.hf.model
+    new = {name: torch.full_like(t, 0.01) for name, t in hf.state_dict().items()}
+    engine.sleep()
+    engine.update_weights(iter(new.items()))
+    engine.wake()
+    assert torch.equal(hf.state_dict()["model.embed_tokens.weight"], new["model.embed_tokens.weight"])
+    out = engine.generate(
+        torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.long), max_new_tokens=2, seed=0
+    )
+    assert out["responses"].shape[0] == 1
+
+
+@pytest.mark.parametrize(
+    "env, body, what",
+    [
+        ({"VLLM_ASCEND_ENABLE_NZ": "1"}, "", "VLLM_ASCEND_ENABLE_NZ = 1"),
+        ({}, "engine_kwargs = { additional_config = { weight_nz_mode = 2 } }", "weight_nz_mode = 2"),
+    ],
+)
+def test_ascend_nz_left_on_is_refused_before_start(tmp_path, monkeypatch, env, body, what):
+    """A user's NZ mode that would make the first wake raise is one line at resolution, exit 2."""
+    from rlctl.errors import UserError
+
+    platform = AscendPlatform(ascend_910b(tmp_path))
+    platform.host.env.update(env)
+    with pytest.raises(UserError, match=what + ".*wake_up raises"):
+        _build(platform, "vllm", "0.23.0", tmp_path, monkeypatch, body)
+
+
+def test_the_fake_ascend_wake_up_raises_as_released(tmp_path, monkeypatch):
+    """Without the platform's env the fake engine dies at its first wake, as vllm-ascend does."""
+    monkeypatch.delenv("VLLM_ASCEND_ENABLE_NZ", raising=False)
+    import sys
+
+    from tests.engines.helpers import make_model
+
+    install(monkeypatch, tmp_path, "vllm", "0.23.0", [], ascend=True)
+    from rlctl.engines.vllm_rollout import EXTENSION
+
+    model = str(make_model(tmp_path / "m", seed=1))
+    llm = sys.modules["vllm"].LLM(model=model, enable_sleep_mode=True, worker_extension_cls=EXTENSION)
+    llm.sleep(level=1)
+    with pytest.raises(ValueError, match="FRACTAL_NZ mode is enabled"):
+        llm.wake_up(tags=["weights"])
 
 
 @pytest.mark.parametrize("driver", ["570.172.08", "580.82.07"])

@@ -74,7 +74,8 @@ def test_rocm_sglang_uses_triton_without_aiter_and_its_default_with_it(tmp_path,
     with_aiter = RocmPlatform(mi300x(tmp_path))
     assert with_aiter.engine_settings("sglang").kernel is None
     assert with_aiter.engine_settings("sglang").env == {"SGLANG_USE_AITER": "1"}
-    assert with_aiter.engine_settings("vllm").env == {"VLLM_ROCM_USE_AITER": "1"}
+    # AITER attention, not AITER fused MoE (its post-load expert shuffle defeats in-place syncs)
+    assert with_aiter.engine_settings("vllm").env == {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE": "0"}
     assert "ROCM_ATTN" in with_aiter.engine_settings("vllm").reason  # 0.33 ranks it before ROCM_AITER_FA
     assert "aiter" in with_aiter.engine_settings("sglang").reason
 
@@ -209,3 +210,27 @@ def test_install_advice_per_vendor(tmp_path):
     assert "ROCm build" in rocm and not rocm.startswith("pip install 'rlctl")
     ascend = AscendPlatform(ascend_910b(tmp_path / "a")).engine_install_hint("vllm")
     assert "vllm-ascend==0.23.0.post1" in ascend and "not pip install 'rlctl[vllm]'" in ascend
+
+
+@pytest.mark.parametrize("cc, first", [((10, 0), "FLASHINFER"), ((9, 0), "FLASH_ATTN")])
+def test_nvidia_vllm_candidates_choose_what_vllm_picks(tmp_path, cc, first):
+    """The candidate list doctor shows chooses vLLM 0.33's own pick: FLASHINFER on SM 10."""
+    p = NvidiaPlatform(b200_sglang(tmp_path, cc=cc))  # flashinfer-python installed
+    chosen = [c.name for c in p.rollout_attention_candidates() if c.chosen]
+    assert chosen == [first] and f"{first} for a decoder model" in p.engine_settings("vllm").reason
+
+
+@pytest.mark.parametrize("value, refused", [("1", True), ("True", True), ("0", False)])
+def test_rocm_aiter_fused_moe_is_refused_for_in_place_syncs(tmp_path, value, refused):
+    """A user's VLLM_ROCM_USE_AITER_MOE=1 (vllm 0.33.0's default once AITER is on) is one line
+    before start-up: AITER's MoE shuffles the experts after loading, rlctl loads them in place."""
+    from tests.platforms.fakes import make_dist
+
+    make_dist(tmp_path / "site", "amd-aiter", "0.1.5")
+    p = RocmPlatform(mi300x(tmp_path))
+    p.host.env["VLLM_ROCM_USE_AITER_MOE"] = value
+    if refused:
+        with pytest.raises(UserError, match=r"^p\.toml: rollout\.engine_kwargs: VLLM_ROCM_USE_AITER_MOE=1"):
+            resolve_engine_kwargs(p, "vllm", {}, where=WHERE)
+    else:
+        assert resolve_engine_kwargs(p, "vllm", {}, where=WHERE) == {}

@@ -78,7 +78,11 @@ def engine_source(site: Path, package: str, version: str) -> None:
 
 
 def vllm_033(site: Path, local: str = "") -> None:
+    """vllm 0.33.0 and what its METADATA requires beside torch: ``flashinfer-python==0.7.2.post1``
+    (the CUDA wheel; a ROCm build is installed from source or a container without it)."""
     make_dist(site, "vllm", f"0.33.0{local}", requires=("torch==2.14.0", "transformers<5.21.0,>=5.16.1"))
+    if "+rocm" not in local:
+        make_dist(site, "flashinfer-python", "0.7.2.post1")
     engine_source(site, "vllm", "0.33.0")
 
 
@@ -122,6 +126,21 @@ def mi300x(tmp: Path, env: dict[str, str] | None = None) -> Host:
     make_dist(site, "amdsmi", "7.0.2")
     touch(root, "/opt/rocm/lib/libamd_smi.so")
     make_dist(site, "flash-attn", "2.8.3")
+    vllm_033(site, "+rocm700")
+    return host
+
+
+def mi355x_aiter(tmp: Path) -> Host:
+    """8 x MI355X (gfx950), ROCm 7.0, ROCm vLLM 0.33.0 with AMD's aiter (the "amd-aiter"
+    distribution), amdsmi for Ray; no visible-devices variables exported."""
+    host = rocm_host(tmp, arch_version=90500, rocm="7.0.0-38", env={})
+    site, root = tmp / "site", tmp / "root"
+    replace(site, "torch", "2.14.0+rocm7.0")
+    replace(site, "transformers", "5.19.0")
+    ray_needing_amdsmi(site)
+    make_dist(site, "amdsmi", "7.0.2")
+    touch(root, "/opt/rocm/lib/libamd_smi.so")
+    make_dist(site, "amd-aiter", "0.1.5")
     vllm_033(site, "+rocm700")
     return host
 

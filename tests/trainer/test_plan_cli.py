@@ -108,3 +108,42 @@ def test_simulated_h200_host_doctor_and_plan_agree(tmp_path, monkeypatch, capsys
     assert plan["roles"]["rollout"]["versions"]["vllm"] == "0.11.0"
     assert plan["roles"] == doctor["roles"] and plan["checks"] == doctor["checks"]
     assert plan["memory"] == doctor["memory"]
+
+
+def test_h100_qwen7b_at_20_sequences_a_micro_batch_is_not_refused():
+    """Qwen2.5-7B on 8 x H100 at micro_batch_sequences = 20 fits (~26 GiB training peak): the
+    logits term is the compute-dtype logits and their gradient (engines.logprob), not five fp32
+    copies, and the device is the 81559 MiB nvidia-smi reports, not 80 x 10^9 bytes."""
+    code, out, err = run_cli(
+        "plan",
+        str(REPO / "profiles/qwen7b-h100.toml"),
+        "--hardware",
+        "h100:8",
+        "--set",
+        "actor.micro_batch_sequences=20",
+        "--json",
+    )
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["device"]["memory_gib"] == 79.65
+    actor = doc["memory"]["roles"]["actor"]
+    assert 11.0 < actor["logits_gib"] < 12.5  # 2 x 20 x 1025 x 152064 x 2 bytes + the chunks
+    assert [c for c in doc["checks"] if c["name"] == "training fits"][0]["verdict"] == "PASS"
+
+
+def test_training_fits_fix_does_not_suggest_checkpointing_that_is_on():
+    """One H100 at 20 sequences a micro-batch does not fit; the profile already checkpoints."""
+    code, out, err = run_cli(
+        "plan",
+        str(REPO / "profiles/qwen7b-h100.toml"),
+        "--hardware",
+        "h100:1",
+        "--set",
+        "actor.micro_batch_sequences=20",
+        "--set",
+        "cluster.devices_per_node=1",
+        "--json",
+    )
+    fits = [c for c in json.loads(out)["checks"] if c["name"] == "training fits"][0]
+    assert fits["verdict"] == "FAIL" and "activation_checkpointing" not in fits["fix"]
+    assert "micro_batch_sequences" in fits["fix"]

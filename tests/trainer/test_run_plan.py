@@ -22,7 +22,8 @@ GIB = 1 << 30
 def test_hardware_spec_parses_device_and_count():
     spec, n = parse_hardware("MI300X:8")
     assert (spec.name, spec.platform, n) == ("mi300x", "rocm", 8)
-    assert spec.memory_bytes == pytest.approx(192e9, rel=1e-3)  # the datasheet's 192 GB
+    # what rocminfo reports (201310208 KiB), not the datasheet's 192 GB as 10^9 bytes
+    assert spec.memory_bytes == pytest.approx(201310208 * 1024, rel=1e-4)
     assert parse_hardware("h100")[1] == 1
     assert set(CATALOGUE) >= {"h100", "h200", "b200", "a100", "mi300x", "mi325x", "910b", "910c"}
     with pytest.raises(UserError, match="unknown device 'tpu'"):
@@ -212,3 +213,16 @@ def test_lora_plan_counts_adapter_state_and_adapter_sync():
     assert lora.memory["weight_sync"]["lora"] == "adapter-only"
     assert lora.memory["weight_sync"]["bytes_gib"] <= 0.05 * full.memory["weight_sync"]["bytes_gib"]
     assert lora.memory["predicted_peak_gib"] < full.memory["predicted_peak_gib"]
+
+
+def test_the_logits_term_is_what_engines_logprob_keeps():
+    """Two compute-dtype copies of the kept positions' logits (the logits and their gradient) plus
+    one chunk's fp32 temporaries, with the chunk engines.logprob really uses."""
+    from rlctl.engines.logprob import CHUNK_ELEMENTS
+    from rlctl.trainer.plan.memory import LOGPROB_CHUNK_ELEMENTS, logits_bytes
+
+    assert LOGPROB_CHUNK_ELEMENTS == CHUNK_ELEMENTS
+    vocab = 152064
+    chunk_tokens = CHUNK_ELEMENTS // vocab
+    assert logits_bytes(20, 1024, vocab, 2) == 2 * 20 * 1025 * vocab * 2 + 4 * chunk_tokens * vocab * 4
+    assert logits_bytes(1, 1, 104, 4) == 2 * 2 * 104 * 4 + 4 * 2 * 104 * 4  # a chunk never exceeds the tokens

@@ -215,3 +215,78 @@ def test_the_limit_grows_with_the_logit_spread_of_a_trained_model():
         canary.compare(sharp + 4 * base, sharp, tokens, (4, 128), 1, "E", vocab_size=vocab)
     with pytest.raises(RunError, match="canary"):  # unscaled without the vocabulary
         canary.compare(sharp + 2 * base, sharp, tokens, (4, 128), 1, "E")
+
+
+class AiterShuffledMoeRollout(HFRolloutEngine):
+    """A test double of vLLM's AITER fused MoE on ROCm (vllm 0.33.0
+    ``fused_moe/oracle/unquantized.py``: ``rocm_aiter_ops.shuffle_weights`` of the experts in
+    ``process_weights_after_loading``): at load the experts' tensors are rearranged into the
+    kernel's layout and the kernel reads that layout. rlctl's sync then writes checkpoint-layout
+    tensors in place; what is stored equals the trainer's, what is computed is not."""
+
+    computes_with_stored_weights = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for layer in self.model.model.layers:
+            experts = layer.mlp.experts
+            rows = experts.gate_up_proj.shape[1]
+            order = torch.roll(torch.arange(rows), 1)  # the kernel's block order (a fixed permutation)
+            back = torch.argsort(order)
+            with torch.no_grad():  # post-load processing: the stored tensor takes the kernel's layout
+                experts.gate_up_proj.data = experts.gate_up_proj.data[:, order].contiguous()
+            forward = experts.forward
+
+            def kernel(*a, _experts=experts, _forward=forward, _back=back, **kw):
+                stored = _experts.gate_up_proj.data
+                _experts.gate_up_proj.data = stored[:, _back]  # the kernel reads the shuffled layout
+                try:
+                    return _forward(*a, **kw)
+                finally:
+                    _experts.gate_up_proj.data = stored
+
+            experts.forward = kernel
+
+    def weight_fingerprint(self, spec):
+        """As vLLM's worker answers for a layout rlctl does not know (``weight_layouts``): None."""
+        out = super().weight_fingerprint(spec)
+        return {name: (None if ".experts." in name else value) for name, value in out.items()}
+
+
+@pytest.fixture
+def tiny_moe(tmp_path):
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2MoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    Qwen2MoeForCausalLM(config).save_pretrained(tmp_path / "moe")
+    return str(tmp_path / "moe")
+
+
+def test_the_canary_catches_experts_left_in_the_wrong_layout_after_a_sync(tiny_moe):
+    """Loaded through the engine's own post-load processing the experts compute right; after an
+    in-place sync of checkpoint-layout tensors (what rlctl does, hence VLLM_ROCM_USE_AITER_MOE=0 on
+    ROCm) the stored tensors pass the fingerprint and the canary stops the run."""
+    actor = FSDPTrainEngine(tiny_moe)
+    rollout = AiterShuffledMoeRollout(tiny_moe)
+    check = SyncCheck(canary=SyncCanary(train_dtype="float32", rollout_dtype="float32"))
+    first = check.after_sync(actor.model, rollout, device="cpu", actor=actor)
+    assert first["sync/canary_ok"] == 1.0  # the engine's own load: right values in its layout
+    _moved(actor)
+    rollout.update_weights(actor.export_weights("full"))
+    with pytest.raises(RunError, match="canary.*AiterShuffledMoeRollout|AiterShuffledMoeRollout.*canary"):
+        check.after_sync(actor.model, rollout, device="cpu", actor=actor)
+    # the fingerprint alone cannot tell: the experts are "not available" (-1), the rest matches
+    assert SyncCheck().after_sync(actor.model, rollout, device="cpu")["sync/fingerprint_ok"] == -1.0

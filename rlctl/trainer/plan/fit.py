@@ -1,11 +1,8 @@
 """The plan's memory table and its PASS/FAIL checks: divisibility, memory fit, KV cache fit, pins.
 
 Each check is one line with the fix; ``rlctl train`` refuses a plan with any FAIL before a worker
-starts. The KV rule is vLLM's own (vllm 0.33.0, ``v1/core/kv_cache_planning.py``
-``_check_enough_kv_cache_memory``, called from ``kv_cache_utils``'s planning): the engine refuses
-to start when the KV cache of one sequence at ``max_model_len`` (``cdiv(max_model_len,
-block_size)`` pages per layer, ``FullAttentionSpec.max_memory_usage_bytes``) exceeds what
-``gpu_memory_utilization`` of the device leaves after weights and activations.
+starts. The KV rules are each engine's own, on its own length key (:mod:`.kv_rules`: vLLM's
+``max_model_len``, SGLang's ``context_length``).
 """
 
 from __future__ import annotations
@@ -15,6 +12,7 @@ from typing import Any
 from rlctl.errors import UserError
 from rlctl.profile.schema import Profile
 from rlctl.trainer.plan import memory as mem
+from rlctl.trainer.plan.kv_rules import engine_length, kv_checks
 from rlctl.trainer.plan.pin_verdicts import PinVerdict
 from rlctl.trainer.plan.rollout_tp import moved_per_rank, rollout_rank_order
 from rlctl.trainer.plan.shape import model_shape
@@ -25,15 +23,6 @@ GIB = mem.GIB
 
 def _gib(n: float | int | None) -> str:
     return "n/a" if n is None else f"{n / GIB:.2f} GiB"
-
-
-def engine_max_model_len(profile: Profile, model_max: int) -> tuple[int, str]:
-    """What the rollout engine will take as ``max_model_len``: the profile's engine keyword when
-    set, else the model's ``max_position_embeddings`` (vLLM's default, ``ModelConfig``)."""
-    kwargs = profile.rollout.engine_kwargs
-    if kwargs.get("max_model_len"):
-        return int(kwargs["max_model_len"]), "rollout.engine_kwargs.max_model_len"
-    return model_max, "the model's max_position_embeddings (the engine's default)"
 
 
 def p_order(profile: Profile) -> str:
@@ -151,7 +140,8 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         ref_weights = -(-shape.params // world) * mem.DTYPE_BYTES.get(plan.dtype, 4)
         roles_mem["ref"] = {"weights_gib": mem.to_gib(ref_weights)}
         resident += ref_weights
-    max_len, len_source = engine_max_model_len(p, shape.max_position_embeddings or seq_len)
+    model_max = shape.max_position_embeddings or seq_len
+    max_len, len_key, len_source = engine_length(rollout.engine, p.rollout.engine_kwargs, model_max)
     ro = mem.rollout_memory(
         shape,
         engine=rollout.engine,
@@ -163,7 +153,7 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         rows_per_rank=rows_per_rank,
         seq_len=seq_len,
     )
-    roles_mem["rollout"] = {**mem.as_gib_dict(ro), "max_model_len_source": len_source}
+    roles_mem["rollout"] = {**mem.as_gib_dict(ro), "max_model_len_source": len_source, "length_key": len_key}
     lora_sync = lora_sync_mode(plan, rollout.engine) if lora_trainable is not None else None
     sync = mem.sync_memory(
         shape,
@@ -213,8 +203,9 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         f"(activations {_gib(actor.activations_no_checkpointing)} without checkpointing, "
         f"{_gib(actor.activations_checkpointing)} with; this run: "
         f"{'with' if actor.checkpointing else 'without'})",
-        "actor.activation_checkpointing = true, a smaller actor.micro_batch_sequences / "
-        "micro_batch_tokens, more devices, or actor.param_offload / optimizer_offload",
+        ("" if actor.checkpointing else "actor.activation_checkpointing = true, ")
+        + "a smaller actor.micro_batch_sequences / micro_batch_tokens, more devices, or "
+        "actor.param_offload / optimizer_offload",
     )
     check(
         "rollout fits",
@@ -231,19 +222,30 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
             f"{_gib(ro.kv_budget)} for KV after weights {_gib(ro.weights)} and activations",
             "raise rollout.gpu_memory_utilization or use rollout.tensor_parallel > 1",
         )
-        check(
-            "max_model_len KV fits",
-            ro.kv_per_max_len_sequence <= max(0, ro.kv_budget),
-            f"one {max_len}-token sequence needs {_gib(ro.kv_per_max_len_sequence)} of KV "
-            f"({len_source}); budget {_gib(ro.kv_budget)}, {ro.sequences_at_max_len} such sequences fit",
-            f"set rollout.engine_kwargs max_model_len = {seq_len} (data.max_prompt_length + "
-            "rollout.max_new_tokens) or raise rollout.gpu_memory_utilization",
-        )
+        for rule in kv_checks(
+            rollout.engine,
+            kv_budget=ro.kv_budget,
+            kv_per_token=ro.kv_bytes_per_token,
+            kv_per_max_len_sequence=ro.kv_per_max_len_sequence,
+            sequences_at_max_len=ro.sequences_at_max_len,
+            length=max_len,
+            key=len_key,
+            source=len_source,
+            model_max=model_max,
+            prompt_len=p.data.max_prompt_length,
+            seq_len=seq_len,
+            gib=_gib,
+        ):
+            check(*rule)
+    # SGLang caps max_new_tokens at max_req_len - prompt - 1 with max_req_len = context_length - 1
+    # (0.5.23 managers/scheduler.py, managers/tp_worker.py): prompt + response <= context_length - 2
+    usable = max_len - 2 if rollout.engine == "sglang" else max_len
     check(
-        "max_model_len covers prompt + response",
-        max_len >= seq_len,
-        f"max_model_len {max_len} >= {p.data.max_prompt_length} + {p.rollout.max_new_tokens}",
-        f"max_model_len of at least {seq_len}, or a shorter data.max_prompt_length / rollout.max_new_tokens",
+        f"{len_key} covers prompt + response",
+        usable >= seq_len,
+        f"{len_key} {max_len}{' - 2' if usable < max_len else ''} >= "
+        f"{p.data.max_prompt_length} + {p.rollout.max_new_tokens}",
+        f"{len_key} of at least {seq_len + max_len - usable}, or a shorter data.max_prompt_length / rollout.max_new_tokens",
     )
     # ---- pins (this host only; a target's versions are unknown)
     for v in verdicts:

@@ -3,7 +3,8 @@
 Training (the FSDP2 actor, critic): fp32 master weights, fp32 gradients and AdamW's two fp32
 moments, each sharded over the ``world`` ranks; the compute-dtype copy of the blocks FSDP gathers
 (one block and the prefetched next); the activations one micro-batch keeps for backward, with and
-without activation checkpointing; the response logits (fp32 logits, log-softmax and its gradient).
+without activation checkpointing; the response logits (:func:`logits_bytes`: the compute-dtype
+logits and their gradient; fp32 only chunk by chunk).
 Rollout: the weights in the rollout dtype, then the KV cache: vLLM/SGLang reserve
 ``gpu_memory_utilization`` of the device and keep for KV what weights and activations leave;
 the HF engine allocates the step's KV as it goes. Weight sync: the rollout copy's bytes over the
@@ -31,6 +32,8 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # and reporting its VmHWM): 0.42 GiB on the 2-core x86-64 host the README's figures come from.
 CPU_WORKER_BASELINE_GIB = 0.42
 
+# rlctl.engines.logprob.CHUNK_ELEMENTS (the plan does not import the engines: it runs without torch)
+LOGPROB_CHUNK_ELEMENTS = 1 << 20
 # vLLM's own default KV block (vllm/config/cache.py, 0.33: block_size 16): its KV check rounds
 # max_model_len up to whole blocks.
 VLLM_BLOCK_SIZE = 16
@@ -47,6 +50,21 @@ def activation_bytes_per_token_layer(shape: ModelShape, dtype_bytes: int) -> int
     h, i = shape.hidden_size, shape.intermediate_size
     q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     return dtype_bytes * (4 * h + 3 * q + 4 * kv + 4 * i)
+
+
+def logits_bytes(rows: int, response_len: int, vocab_size: int, dtype_bytes: int) -> int:
+    """The log-prob step's peak (``engines.logprob`` on ``engines.fsdp_forward``'s logits).
+
+    The model returns the logits of the ``response_len + 1`` kept positions in the compute dtype
+    (transformers' ``lm_head`` output is not upcast); the chunked log-prob keeps them for backward
+    and a few numbers per token. Its backward writes their gradient (same dtype, same size) and
+    the slice back to the kept positions is a second gradient of that size while the first is
+    alive: two compute-dtype copies at the peak. The fp32 work is per chunk of about
+    :data:`~rlctl.engines.logprob.CHUNK_ELEMENTS` logits: the upcast, the log-softmax, its exp and
+    the gradient's product."""
+    tokens = rows * (response_len + 1)
+    chunk_tokens = min(tokens, max(1, LOGPROB_CHUNK_ELEMENTS // max(1, vocab_size)))
+    return 2 * tokens * vocab_size * dtype_bytes + 4 * chunk_tokens * vocab_size * 4
 
 
 @dataclass(frozen=True)
@@ -89,7 +107,7 @@ def training_memory(
     temperature: float = 1.0,
     value_head: bool = False,
     trainable: int | None = None,
-) -> Training:
+) -> Training:  # ``temperature``: its scaled copy is per chunk only (in logits_bytes' chunk term)
     """Bytes per device of one FSDP2-trained model (actor or critic).
 
     Without checkpointing the actor computes each distinct prompt of a micro-batch once
@@ -120,11 +138,7 @@ def training_memory(
         full = computed * per_layer * shape.num_layers + cache * shape.num_layers
     # checkpointed: each layer keeps its input; one layer's activations are rebuilt in backward
     ckpt = tokens * shape.hidden_size * c * shape.num_layers + tokens * per_layer
-    # full-vocabulary fp32 tensors of the response positions (engines.logprob with the entropy the
-    # update reports): the logits, their copy divided by the temperature (T != 1), the log-softmax
-    # and its exp kept for backward, the entropy's product, then the gradients flowing back
-    copies = 5 + (1 if temperature != 1.0 else 0)
-    logits = 0 if value_head else copies * rows * response_len * shape.vocab_size * 4
+    logits = 0 if value_head else logits_bytes(rows, response_len, shape.vocab_size, c)
     return Training(
         weights=4 * sharded + (4 * adapter if trainable is not None else 0),
         grads=4 * adapter,

@@ -75,14 +75,15 @@ def memory_lines(memory: dict[str, Any]) -> list[str]:
     if "ref" in roles:
         out.append(f"  ref      weights {_g(roles['ref']['weights_gib'])}")
     r = roles["rollout"]
+    key = r.get("length_key", "max_model_len")
     kv = (
-        f"KV budget {_g(r['kv_budget_gib'])}, {r['sequences_at_max_len']} sequence(s) at max_model_len"
+        f"KV budget {_g(r['kv_budget_gib'])}, {r['sequences_at_max_len']} sequence(s) at {key}"
         if r["kv_budget_gib"] is not None
         else f"KV for the step's sequences {_g(r['kv_step_gib'])}"
     )
     out.append(
         f"  rollout  {r['engine']}: weights {_g(r['weights_gib'])}, held while awake "
-        f"{_g(r['reserved_gib'])}; {kv}; max_model_len {r['max_model_len']} needs "
+        f"{_g(r['reserved_gib'])}; {kv}; {key} {r['max_model_len']} needs "
         f"{_g(r['kv_per_max_len_sequence_gib'])} per sequence"
     )
     s = memory["weight_sync"]

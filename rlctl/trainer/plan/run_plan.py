@@ -18,12 +18,12 @@ from rlctl.engines.engine_fields import resolve_engine_kwargs
 from rlctl.errors import UserError
 from rlctl.platforms.base import EngineSettings, Platform
 from rlctl.platforms.catalogue import DeviceSpec, cpu_spec
-from rlctl.platforms.host import Host
 from rlctl.profile.schema import Profile
 from rlctl.trainer.plan import choices
 from rlctl.trainer.plan.fit import fit_checks
 from rlctl.trainer.plan.pin_verdicts import PinVerdict, pin_verdicts
 from rlctl.trainer.plan.shape import ModelShape
+from rlctl.trainer.plan.target import describe_target, target_host
 from rlctl.trainer.plan.verdict import FAIL, PASS, Check
 
 # distributions each engine runs on (the rollout engines' come from the platform)
@@ -115,26 +115,16 @@ class RunPlan:
         path.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
 
 
-def target_host(torch_flavour: str) -> Host:
-    """A target cluster as a bare supported install: the vendor's torch build and nothing else
-    (no optional kernels, nothing probed). Its plan names no versions and evaluates no pins
-    (``rlctl doctor --profile`` on that cluster does)."""
-    from rlctl.platforms.dists import TorchBuild
-
-    host = Host(root=Path("/nonexistent-plan-target"), env={}, path=[], smi=lambda vendor: {"ok": False})
-    host.__dict__["torch"] = TorchBuild(version=None, flavour=torch_flavour, source="target: assumed")
-    return host
-
-
-def _target_platform(device: DeviceSpec) -> Platform:
-    """The built-in platform that drives ``device``, on a bare install of its own torch build."""
+def _target_platform(device: DeviceSpec, count: int, engine: str | None = None) -> Platform:
+    """The built-in platform that drives ``device``, answering as on a host of ``count`` of them
+    with a supported install of its torch build and of ``engine`` (:mod:`.target`)."""
     import importlib
 
     from rlctl.platforms.resolve import BUILTINS
 
     module, _, name = BUILTINS[device.platform].partition(":")
     cls = getattr(importlib.import_module(module), name)
-    return cls(host=target_host(cls.torch_flavours[0]))
+    return describe_target(cls(host=target_host(device, cls.torch_flavours[0], engine)), device, count)
 
 
 def _rollout_engine_for_target(profile: Profile, platform: Platform) -> str:
@@ -198,16 +188,18 @@ def resolve_plan(
     else:
         device, per_node = hardware
         if platform is None:
-            platform = _target_platform(device)
-        asked = p.platform.dtype
-        dtype = asked if asked != "auto" else ("bfloat16" if device.supports_bf16 else "float32")
-        rollout = _rollout_engine_for_target(p, platform)
+            rollout = _rollout_engine_for_target(p, _target_platform(device, per_node))
+            platform = _target_platform(device, per_node, rollout)
+        else:
+            rollout = _rollout_engine_for_target(p, platform)
+        dtype = choices.compute_dtype(p, platform)  # from the target's compute capability, as on its host
         choices.check_engine_keys(p, rollout)
         choices.check_lora(p)
         nodes, target = p.cluster.nodes, f"{device.name}:{per_node}"
         reason = (
-            f"target hardware {target} ({device.source}); kernels as on a bare install of the "
-            f"vendor's torch build, no optional packages"
+            f"target hardware {target} ({device.source}; {device.arch or 'arch n/a'}, "
+            f"{device.interconnect or 'link n/a'}); kernels as on a host with the vendor's torch build "
+            f"and the rollout engine's own requirements, no optional packages"
         )
     known = hardware is None
     verdicts = pin_verdicts(platform, rollout) if known else []
@@ -260,7 +252,7 @@ def _probed_device(platform: Platform) -> DeviceSpec:
     devices = details.get("devices") or []
     name = str(devices[0].get("name", "")) if devices and isinstance(devices[0], dict) else ""
     total = devices[0].get("memory_total") if devices and isinstance(devices[0], dict) else None
-    mem = round(int(total) / (1 << 30), 1) if isinstance(total, int) else None  # SMI: bytes
+    mem = round(int(total) / (1 << 30), 2) if isinstance(total, int) else None  # SMI: bytes
     for key, spec in CATALOGUE.items():
         if key in name.lower().replace(" ", ""):
             return spec if mem is None else DeviceSpec(**{**spec.to_dict(), "memory_gib": float(mem)})
