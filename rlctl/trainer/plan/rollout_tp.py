@@ -1,10 +1,12 @@
-"""The rollout's tensor-parallel layout over the policy's ranks, as the plan and the specs read it."""
+"""The rollout's tensor-parallel layout over the policy's ranks, as the plan and the specs read it.
+
+The planner (:mod:`rlctl.reshard`) imports torch, so it is imported only where a profile asks for
+rollout tensor parallelism: ``rlctl doctor`` and ``rlctl plan`` otherwise run without torch in
+process (a broken vendor plugin of torch must not stop them)."""
 
 from __future__ import annotations
 
-from rlctl.engines.hf_model import resolve_dtype
 from rlctl.profile.schema import Profile
-from rlctl.reshard import choose_rank_order, train_to_rollout_plan
 from rlctl.trainer.plan.shape import model_config
 
 
@@ -17,6 +19,8 @@ def rollout_rank_order(profile: Profile) -> tuple[str, str]:
     config = model_config(profile.model.path)
     if config is None:
         return "contiguous", "the model's config is not readable here: contiguous TP groups"
+    from rlctl.reshard import choose_rank_order
+
     return choose_rank_order(config, c.nodes * c.devices_per_node, tp, c.devices_per_node)
 
 
@@ -26,6 +30,9 @@ def moved_per_rank(profile: Profile, world: int, tp: int, dtype: str) -> int | N
     config = model_config(profile.model.path)
     if config is None or world % tp:
         return None
+    from rlctl.engines.hf_model import resolve_dtype
+    from rlctl.reshard import train_to_rollout_plan
+
     order = rollout_rank_order(profile)[0]
     plan = train_to_rollout_plan(config, world, tp, rank_order=order, fmt="hf_tp", dtype=resolve_dtype(dtype))
     return plan.bytes_moved() // world
