@@ -7,11 +7,14 @@ has none. Ground truth is one of:
 - ``{"inputs": [str, ...], "outputs": [str, ...]}``: stdin/stdout cases, compared line by line
   with trailing whitespace ignored.
 Score 1.0 iff every case passes within the sandbox limits; timeouts are reported. Test code
-passes only when the sandbox *witnessed* it run to its last statement (``SandboxResult.witnessed``):
-a program that exits 0 early (``os._exit(0)``, ``SystemExit``, ``atexit``, a forked child, a
-closed stdout) or prints a fake success line scores 0. What the witness cannot see is a program
-that changes what the tests compare (an object equal to everything, rebound builtins); the tests
-must guard against those themselves, as in any harness that runs them in-process. A sandbox that
+runs in a judge process of its own that calls the program's process over a pipe and gets back
+plain data only (``sandbox_verdict.py``): it passes only when the judge *witnessed* the tests run
+to their last statement (``SandboxResult.witnessed``). A program that exits early
+(``os._exit(0)``, ``SystemExit``, a forked child, a closed stdout), prints a fake success line,
+reads the tests, walks frames, rebinds builtins or returns an object equal to everything scores
+0: none of that reaches the judge. What remains is what any test suite leaves: a program that
+special-cases the inputs it is tested on, and tests that do not check what they mean to.
+A sandbox that
 refuses to run (a required layer missing) or fails to start raises ``RunError``: that is the
 host's fault, not the response's, and must not be trained on as a zero.
 """
