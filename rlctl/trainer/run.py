@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rlctl.log import get_logger
 from rlctl.profile import Profile, profile_to_toml
+from rlctl.tracking.run_files import RunLock, prepare_run_dir, write_text_nofollow
 
 log = get_logger("rlctl.train")
 
@@ -31,15 +32,16 @@ def train(
         find_resume_point(run_dir, resume)  # a bad --resume PATH fails here, before any worker starts
     plan = resolve_plan(profile)
     refuse_failures(plan)  # one line naming each FAIL check and its fix; no worker has started
-    run_dir.mkdir(parents=True, exist_ok=True)
-    model_path = materialize_model(profile.model.path, run_dir / "base_model", seed=profile.run.seed)
-    profile = replace(profile, model=replace(profile.model, path=model_path))
-    (run_dir / "profile.toml").write_text(profile_to_toml(profile))
-    plan.write(run_dir / "plan.json")
-    log.info("run directory", path=str(run_dir), plan="plan.json", predicted_peak_gib=plan.memory.get(
-        "predicted_peak_gib"))
-    ctx = build_context(profile, run_dir, plan)
-    try:
-        return trainer_class(profile)(ctx, max_steps=max_steps, resume=resume).fit()
-    finally:
-        ctx.shutdown()
+    run_dir = prepare_run_dir(run_dir)  # ours, writable by no one else, no symlink where we write
+    with RunLock(run_dir):  # a second run on this directory exits 2 naming this one's pid and host
+        model_path = materialize_model(profile.model.path, run_dir / "base_model", seed=profile.run.seed)
+        profile = replace(profile, model=replace(profile.model, path=model_path))
+        write_text_nofollow(run_dir / "profile.toml", profile_to_toml(profile))
+        write_text_nofollow(run_dir / "plan.json", plan.to_json())
+        log.info("run directory", path=str(run_dir), plan="plan.json", predicted_peak_gib=plan.memory.get(
+            "predicted_peak_gib"))
+        ctx = build_context(profile, run_dir, plan)
+        try:
+            return trainer_class(profile)(ctx, max_steps=max_steps, resume=resume).fit()
+        finally:
+            ctx.shutdown()
