@@ -21,18 +21,31 @@ host's fault, not the response's, and must not be trained on as a zero.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from rlctl.errors import RunError
 from rlctl.rewards.sandbox import SandboxLimits, SandboxResult, run_python
 
-_FENCE = re.compile(r"```(?:python|py|python3)?[^\n]*\n(.*?)```", re.DOTALL)
+FENCE = "```"
 
 
 def extract_code(solution_str: str) -> str:
-    """The last fenced code block of the response, else the response itself."""
-    blocks = _FENCE.findall(solution_str)
+    """The last fenced code block of the response, else the response itself.
+
+    A block opens with a fence (any info string up to the end of its line) and ends at the next
+    fence. One linear scan: a regex here backtracked quadratically on a run of backticks with no
+    newline (80k backticks took 4 s of the driver's reward threads).
+    """
+    blocks, pos = [], 0
+    while (start := solution_str.find(FENCE, pos)) >= 0:
+        newline = solution_str.find("\n", start + len(FENCE))
+        if newline < 0:
+            break
+        end = solution_str.find(FENCE, newline + 1)
+        if end < 0:
+            break
+        blocks.append(solution_str[newline + 1 : end])
+        pos = end + len(FENCE)
     return blocks[-1] if blocks else solution_str
 
 
