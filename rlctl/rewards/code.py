@@ -5,7 +5,8 @@ has none. Ground truth is one of:
 - a string: test code (e.g. ``assert f(2) == 4``) run after the program;
 - ``{"tests": str}``: the same;
 - ``{"inputs": [str, ...], "outputs": [str, ...]}``: stdin/stdout cases, compared line by line
-  with trailing whitespace ignored.
+  with trailing whitespace ignored (as much stdout is read back as the expected output needs,
+  up to ``max_file_mb``).
 Score 1.0 iff every case passes within the sandbox limits; timeouts are reported. Test code
 runs in a judge process of its own that calls the program's process over a pipe and gets back
 plain data only (``sandbox_verdict.py``): it passes only when the judge *witnessed* the tests run
@@ -21,6 +22,7 @@ host's fault, not the response's, and must not be trained on as a zero.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from rlctl.errors import RunError
@@ -53,6 +55,14 @@ def _same_output(got: str, want: str) -> bool:
     return [ln.rstrip() for ln in got.strip().splitlines()] == [
         ln.rstrip() for ln in want.strip().splitlines()
     ]
+
+
+def _room_for(limits: SandboxLimits, want: str) -> SandboxLimits:
+    """``limits`` with enough stdout read back to hold the expected output (twice it, 4 KiB more),
+    up to the file-size limit: a correct program with a long answer must be able to pass."""
+    need = 2 * len(want.encode("utf-8")) + 4096
+    room = min(max(limits.max_output_bytes, need), limits.max_file_mb << 20)
+    return limits if room == limits.max_output_bytes else replace(limits, max_output_bytes=room)
 
 
 def _checked(res: SandboxResult) -> SandboxResult:
@@ -88,7 +98,8 @@ def code_score(
     cases = list(zip(ground_truth["inputs"], ground_truth["outputs"], strict=True))
     passed, timed_out = 0, False
     for stdin, want in cases:
-        res = _checked(run_python(code, stdin=str(stdin), limits=limits))
+        case_limits = _room_for(limits or SandboxLimits(), str(want))
+        res = _checked(run_python(code, stdin=str(stdin), limits=case_limits))
         timed_out = timed_out or res.timed_out
         if not res.ok or not _same_output(res.stdout, str(want)):
             break  # all-or-nothing: later cases cannot change the score

@@ -185,3 +185,12 @@ def test_the_tests_call_the_solution_as_if_in_process():
     failing = run_python(SOLUTION_SHAPES, tests=SHAPE_TESTS + "assert count(2) is None\n")
     assert not failing.ok and not failing.witnessed
     assert "AssertionError" in failing.stderr
+
+
+def test_a_correct_program_with_a_long_output_passes():
+    """stdin/stdout cases read back only 64 KiB of stdout before: a longer right answer scored 0."""
+    require_strict()
+    want = "\n".join(str(i) for i in range(30_000))  # ~170 KB
+    program = "n = int(input())\nprint('\\n'.join(str(i) for i in range(n)))\n"
+    assert code_score("code", program, {"inputs": ["30000"], "outputs": [want]})["score"] == 1.0
+    assert code_score("code", program, {"inputs": ["29999"], "outputs": [want]})["score"] == 0.0
