@@ -8,7 +8,9 @@ and then only answers requests. The judge then reads the nonce and the tests, an
 in its own interpreter, where every top-level name of the snippet is a value or a ``Remote``:
 calling it, reading an attribute, indexing, iterating or taking its length is a request to the
 solution, whose answers come back as plain data (None, bool, int, float, str, bytes, list, tuple,
-dict, set, frozenset; anything else stays in the solution as a handle).
+dict, set, frozenset; anything else stays in the solution as a handle). A top-level name of the
+snippet that is also a builtin's (``sorted``, ``isinstance``) is not passed: the tests keep the
+builtin.
 
 So no code of the snippet ever runs in the judge: the tests, their constants and variables, the
 builtins they use and the nonce live where the snippet cannot reach them, and what the tests
@@ -233,7 +235,10 @@ class _Link:
         reply = self._recv()
         if type(reply) is not dict or type(reply.get("names")) is not dict:
             raise SolutionGone("the solution sent a malformed reply")
-        return {k: self._value(v) for k, v in reply["names"].items() if type(k) is str}
+        names = reply["names"].items()
+        # a name of a builtin stays the builtin: a snippet defining ``sorted`` or ``isinstance``
+        # must not decide what the tests compute with them
+        return {k: self._value(v) for k, v in names if type(k) is str and not hasattr(builtins, k)}
 
     def _value(self, v):
         try:

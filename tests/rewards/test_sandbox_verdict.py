@@ -53,6 +53,8 @@ FORGERIES = {
     "    return consts[consts.index(x) + 1] if x in consts else 0\n",
     "reads the tests' own variables": "def double(x):\n"
     "    return dict(globals().get('cases', [])).get(x, 0)\n",
+    "defines the builtins the tests use": "def sorted(*a, **k):\n    return [0, 2, 4]\n"
+    "def double(x):\n    return 0\ndef evens(n):\n    return []\n",
     "rebinds the builtins the type guard uses": "import builtins\n"
     "class Eq(int):\n    def __eq__(self, other):\n        return True\n"
     "real = type\nbuiltins.type = lambda o: int if real(o) is Eq else real(o)\n"
@@ -64,6 +66,8 @@ FORGERIES = {
 def test_forgeries_score_zero(name):
     require_strict()
     tests = TABLE_TESTS if "variables" in name else TESTS
+    if "builtins the tests use" in name:
+        tests = "assert sorted(evens(6)) == [0, 2, 4]\n"
     out = code_score("code", f"```python\n{FORGERIES[name]}```", tests)
     assert out["score"] == 0.0, name
 
