@@ -1,7 +1,8 @@
 """A run directory no one else can redirect: whose it is, no symlink followed, one run at a time.
 
 ``prepare_run_dir`` creates the run directory (0755) or checks the one there: a real directory
-owned by this user, writable by nobody else, in a parent no one else can swap it out of, with no
+owned by this user, writable by nobody else (group write only for the user's own group, as
+umask 002 systems make it), in a parent no one else can swap it out of, with no
 symlink where rlctl writes. Another user who pre-creates ``RUN_DIR/profile.toml -> /etc/...`` is
 refused before anything is written; rlctl's own files are opened with ``O_NOFOLLOW`` too.
 
@@ -55,7 +56,7 @@ def prepare_run_dir(run_dir: Path) -> Path:
             f"{run_dir}: the run directory is owned by uid {st.st_uid}, not by this user (uid {me}); "
             "expected a directory of your own (choose another run.name or output_dir)"
         )
-    if st.st_mode & 0o022:
+    if st.st_mode & 0o002 or (st.st_mode & 0o020 and not _private_group(st.st_gid)):
         raise UserError(
             f"{run_dir}: the run directory is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
             f"expected only its owner to write (chmod go-w {run_dir})"
@@ -70,6 +71,22 @@ def prepare_run_dir(run_dir: Path) -> Path:
         if entry.is_symlink():
             raise UserError(f"{entry}: a symlink in the run directory; expected none (rlctl follows no symlink there)")
     return run_dir
+
+
+def _private_group(gid: int) -> bool:
+    """Whether ``gid`` is this user's own group (a umask-002 system's per-user group): no one else in it."""
+    import grp
+    import pwd
+
+    if gid != os.getegid():
+        return False
+    try:
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        members = set(grp.getgrgid(gid).gr_mem) - {me}
+        others = [p.pw_name for p in pwd.getpwall() if p.pw_gid == gid and p.pw_name != me]
+    except KeyError:
+        return False
+    return not members and not others
 
 
 def open_nofollow(path: Path, mode: str = "w", errors: str = "strict") -> IO[str]:

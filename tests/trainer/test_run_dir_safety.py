@@ -126,3 +126,22 @@ def test_a_full_disk_during_an_export_leaves_the_previous_export_or_none(tmp_pat
         torn_export(tmp)
     assert sorted(p.name for p in final.iterdir()) == ["config.json", "model.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_group_write_is_allowed_only_for_the_users_own_group(tmp_path):
+    import grp
+    import pwd
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run_dir.chmod(0o775)
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    own = not (set(grp.getgrgid(os.getegid()).gr_mem) - {me}) and not [
+        p for p in pwd.getpwall() if p.pw_gid == os.getegid() and p.pw_name != me
+    ]
+    if own:
+        assert prepare_run_dir(run_dir) == run_dir  # a umask-002 system's run directory still runs
+    if os.geteuid() == 0:
+        os.chown(run_dir, 0, OTHER_UID)  # a group others are in
+        with pytest.raises(UserError, match="writable by group or others"):
+            prepare_run_dir(run_dir)
