@@ -1,7 +1,7 @@
 """A Ray cluster rlctl starts for itself: private, deaf to the driver's group signals, reaped.
 
-- **Private**: its temp dir (sockets, session, logs) is a fresh ``mkdtemp`` (0700) instead of the
-  shared ``/tmp/ray``, whose session directories Ray makes mode 777 (another local user could
+- **Private**: its temp dir (sockets, session, logs) is inside a fresh ``mkdtemp`` (0700) instead
+  of the shared ``/tmp/ray``, whose session directories Ray makes mode 777 (another local user could
   replace the raylet's and plasma's sockets there). Ray's token file is made 0600 in a 0700
   ``~/.ray`` (Ray writes it 0644).
 - **Deaf to group signals**: Ray's processes start with SIGTERM, SIGINT, SIGUSR1 and SIGHUP
@@ -33,8 +33,13 @@ _reaper_pipes: list[int] = []  # write ends: held (never closed) for the driver'
 
 
 def private_temp_dir() -> str:
-    """A fresh 0700 directory for the cluster's session (short: unix socket paths are limited)."""
-    return tempfile.mkdtemp(prefix="rlctl-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    """Ray's temp dir inside a fresh 0700 directory (short: unix socket paths are limited).
+
+    Ray makes its temp dir mode 777 whatever it was (``ray._private.utils.try_to_create_directory``,
+    Ray 2.60), so the private one is its parent: no other user can reach anything below it.
+    """
+    parent = tempfile.mkdtemp(prefix="rlctl-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    return os.path.join(parent, "r")
 
 
 @contextlib.contextmanager

@@ -66,6 +66,7 @@ SYSTEM_DIRS = (
     "/lib64",
     "/libx32",
 )  # /etc: a minimal one is written
+JUDGE_SETUP_FAILED = 125  # sandbox_verdict.SETUP_FAILED: the judge (pid 1 with tests) could not start
 WITNESS_FDS = (100, 101, 102)  # sandbox_launch.WITNESS_FDS: the nonce in, the witness out, the tests in
 
 
@@ -210,6 +211,9 @@ def _run(
                 None, stdout, stderr, timed_out, error=f"sandbox setup failed: {status['error']}"
             )
         rc = os.waitstatus_to_exitcode(status["wait_status"]) if "wait_status" in status else None
+        if tests is not None and limits.guard and rc == JUDGE_SETUP_FAILED:  # the judge's code, not the snippet's
+            last = stderr.strip().splitlines()[-1:] or ["(no message)"]
+            return SandboxResult(None, stdout, stderr, timed_out, error=f"sandbox setup failed: {last[0]}")
         timed_out = timed_out or rc == -signal.SIGXCPU
         witnessed = tests is not None and read_bytes(io_dir / "witness") == nonce
         oom = oom_killed(cgroups)

@@ -30,6 +30,7 @@ import time
 import traceback
 
 MAX_FRAME = 32 << 20  # bytes of one request or reply
+SETUP_FAILED = 125  # the judge's exit when it cannot set itself up (sandbox.JUDGE_SETUP_FAILED)
 _TAGS = {"l": list, "t": tuple, "s": set, "f": frozenset}
 _WIDE = 1 << 53  # ints beyond this travel as hex (no decimal digit limit, exact)
 
@@ -293,7 +294,11 @@ def _undumpable():
 def run(fds, snippet_code, snippet_path, install_hook, run_snippet):
     """Fork the solution, run the tests here; write the nonce to the witness fd iff they end. Exits."""
     nonce_fd, out_fd, tests_fd = fds
-    _undumpable()
+    try:
+        _undumpable()
+    except Exception as exc:  # noqa: BLE001 - the host's fault: the sandbox reports it, no score
+        print(f"sandbox: the judge cannot make itself non-dumpable: {type(exc).__name__}: {exc}", file=sys.stderr)
+        os._exit(SETUP_FAILED)
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
     sys.stdout.flush()

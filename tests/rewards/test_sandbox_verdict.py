@@ -198,3 +198,23 @@ def test_a_correct_program_with_a_long_output_passes():
     program = "n = int(input())\nprint('\\n'.join(str(i) for i in range(n)))\n"
     assert code_score("code", program, {"inputs": ["30000"], "outputs": [want]})["score"] == 1.0
     assert code_score("code", program, {"inputs": ["29999"], "outputs": [want]})["score"] == 0.0
+
+
+def test_a_judge_that_cannot_set_itself_up_is_the_hosts_fault(tmp_path, monkeypatch):
+    """Not a zero to train on: the code reward raises RunError naming why (like a missing layer)."""
+    require_strict()
+    from rlctl.errors import RunError
+    from rlctl.rewards import sandbox
+
+    broken = tmp_path / "sandbox_verdict.py"
+    broken.write_text(
+        "import os, sys\ndef run(*args):\n"
+        "    print('sandbox: the judge cannot make itself non-dumpable: OSError: no prctl', file=sys.stderr)\n"
+        "    os._exit(125)\n"
+    )
+    monkeypatch.setattr(sandbox, "VERDICT_SOURCE", broken)
+    res = run_python(RIGHT, tests=TESTS)
+    assert res.error is not None and "non-dumpable" in res.error
+    with pytest.raises(RunError, match="non-dumpable"):
+        code_score("code", RIGHT, TESTS)
+    assert run_python("import os\nos._exit(125)\n").error is None  # a snippet's own exit 125 is its own

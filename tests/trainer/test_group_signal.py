@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,6 +114,12 @@ def test_nothing_of_the_ray_cluster_outlives_a_sigkilled_driver(write_profile, t
     _wait_for_step(proc, tmp_path / "runs/killed/metrics.jsonl", 1, 400)
     started = _tree(proc.pid)
     assert any("raylet" in c for c in _alive(started)), "the run's Ray processes were not found"
+    # the cluster lives in a private 0700 temp dir, not the shared /tmp/ray (mode 777 sessions)
+    raylet = next(p for p in started if "raylet" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace"))
+    text = Path(f"/proc/{raylet}/cmdline").read_bytes().decode(errors="replace")
+    temp = set(re.findall(r"(/tmp/rlctl-ray-[^/\s=\0]+)/r/session_", text))
+    assert len(temp) == 1 and "/tmp/ray/" not in text, text
+    assert os.stat(temp.pop()).st_mode & 0o777 == 0o700
     proc.send_signal(signal.SIGKILL)  # the driver only: its Ray processes are left to themselves
     proc.communicate(timeout=60)
     deadline = time.monotonic() + 20
