@@ -68,8 +68,17 @@ def prepare_run_dir(run_dir: Path) -> Path:
         )
     for name in RUN_ENTRIES:
         entry = run_dir / name
-        if entry.is_symlink():
+        try:
+            est = os.lstat(entry)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(est.st_mode):
             raise UserError(f"{entry}: a symlink in the run directory; expected none (rlctl follows no symlink there)")
+        if est.st_uid != me or est.st_mode & 0o002:
+            raise UserError(
+                f"{entry}: owned by uid {est.st_uid} (mode {stat.S_IMODE(est.st_mode):o}) in the run directory; "
+                "expected this user's own, writable by no one else"
+            )
     return run_dir
 
 

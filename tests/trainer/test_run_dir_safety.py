@@ -145,3 +145,12 @@ def test_group_write_is_allowed_only_for_the_users_own_group(tmp_path):
         os.chown(run_dir, 0, OTHER_UID)  # a group others are in
         with pytest.raises(UserError, match="writable by group or others"):
             prepare_run_dir(run_dir)
+
+
+@as_root
+def test_an_entry_another_user_owns_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    os.chown(run_dir / "checkpoints", OTHER_UID, OTHER_UID)  # they could plant step_* symlinks in it
+    with pytest.raises(UserError, match=f"checkpoints: owned by uid {OTHER_UID}"):
+        prepare_run_dir(run_dir)
