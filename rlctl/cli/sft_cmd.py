@@ -17,13 +17,14 @@ from rlctl.profile import load_profile
 @json_option
 def sft(profile_path: str, overrides: tuple[str, ...], output_dir: str | None, as_json: bool) -> None:
     """Supervised warm-up of PROFILE's model on its dataset (answers from the data)."""
+    from rlctl.tracking.run_files import RunLock, prepare_run_dir
     from rlctl.trainer.run import run_dir_for
     from rlctl.trainer.sft import run_sft
 
     profile = load_profile(profile_path, overrides)
-    run_dir = run_dir_for(profile, output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    result = run_sft(profile, run_dir)
+    run_dir = prepare_run_dir(run_dir_for(profile, output_dir))
+    with RunLock(run_dir):
+        result = run_sft(profile, run_dir)
     if as_json:
         click.echo(json.dumps(result))
     else:

@@ -8,11 +8,12 @@ even while other ranks are stuck in a collective that will never finish.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from typing import Any
 
-from rlctl.dispatch import ray_network
+from rlctl.dispatch import ray_local, ray_network
 from rlctl.dispatch.errors import CallTimeoutError, WorkerDiedError, WorkerError
 from rlctl.dispatch.futures import CallInfo, LazyInput, Shard
 from rlctl.dispatch.pool import ResourcePool
@@ -28,7 +29,10 @@ def connect(address: str | None = None, **init_kwargs: Any) -> None:
     """Make sure this process talks to Ray: ``local``/None starts one, ``auto``/``ray://..`` joins.
 
     A cluster started here listens on loopback only, behind Ray's token auth (``ray_network``);
-    the addresses it listens on are logged, and any off loopback is a warning.
+    the addresses it listens on are logged, and any off loopback is a warning. It lives in a
+    private temp dir, its processes ignore the driver's group signals and a watchdog kills them
+    when the driver dies (``ray_local``). ``auto`` reads the address only from a file no other
+    user could write.
     """
     import ray
 
@@ -36,14 +40,20 @@ def connect(address: str | None = None, **init_kwargs: Any) -> None:
         return
     if address in (None, "", "local"):
         ray_network.bind_loopback()
-        ray.init(include_dashboard=False, **init_kwargs)
+        temp_dir = ray_local.private_temp_dir()
+        with ray_local.group_signals_blocked():  # Ray's processes: deaf to the driver's group signals
+            ray.init(include_dashboard=False, _temp_dir=temp_dir, **init_kwargs)
+        ray_local.start_reaper(temp_dir)  # kills the cluster when this process dies, SIGKILL included
+        ray_local.private_token()
         listening = ray_network.listening_addresses()
         auth_on, auth = ray_network.token_auth()
-        log.info("ray started", listening=", ".join(listening), auth=auth)
+        log.info("ray started", listening=", ".join(listening), auth=auth, temp_dir=temp_dir)
         exposed = ray_network.off_loopback(listening)
         if exposed or not auth_on:
             log.warning("ray cluster reachable beyond this user", exposed=", ".join(exposed), auth=auth)
     else:
+        if address == "auto" and not os.environ.get("RAY_ADDRESS"):
+            address = ray_local.auto_address()  # never another user's file or cluster
         ray.init(address=address, **init_kwargs)
         log.info("ray connected", address=address)
 

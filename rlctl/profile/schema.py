@@ -227,8 +227,9 @@ class CriticSection:
 class RewardSection:
     kind: str = field(
         "builtin",
-        "Reward source: builtin (the task's verifier), exact, numeric, math (the response's final "
-        "answer: last box, after ####, or last number, by value), verl (verl's default scorer chosen "
+        "Reward source: builtin (the task's verifier), exact, numeric (the last number; an integer "
+        "truth exactly, a fractional one within 1e-6), math (the response's final "
+        "answer: last box, after ####, or last number, by value; a contradictory one scores 0), verl (verl's default scorer chosen "
         "by each row's data_source: openai/gsm8k, MATH, math_dapo/aime; unknown sources fail), "
         "custom, code, reward_model.",
         choices=("builtin", "exact", "numeric", "math", "verl", "custom", "code", "reward_model"),

@@ -6,7 +6,11 @@ something that evaluates to the ground truth. ``final_answer`` picks, in order: 
 ``\\boxed{...}`` (or ``\\fbox{...}``), the rest of the line after the last ``####``, the last
 number. ``equivalent`` compares two answers: plain numbers exactly (any size, commas and
 trailing zeros ignored), anything else by value with math-verify. An unevaluated sum,
-difference or product of plain numbers ("23+45") is not a final answer and never matches.
+difference or product of plain numbers ("23+45") is not a final answer and never matches, nor
+does a contradictory one: struck-out content (``\\cancel{4} 3``) or a relation whose plain-number
+sides disagree (``4 = 3``; ``x = 3`` is fine). An answer sympy would take seconds or gigabytes to
+evaluate (a power tower ``9^{9^{9}}``, an exponent past 10^4, a factorial of 1000 or more) is
+compared as text only, and raises ``OverLimit`` when the text differs.
 
 Digits are ASCII only: Arabic-Indic or full-width digits are not read as numbers (verl's
 GSM8K pattern and math-verify do not read them either).
@@ -17,6 +21,8 @@ from __future__ import annotations
 import logging
 import re
 import threading
+
+from rlctl.rewards.limits import OverLimit
 
 # One plain number: optional sign, digits (thousands commas allowed), optional decimal part. The
 # sign counts only where it cannot be a binary minus ("3-4" is 3 and 4, not 3 and -4).
@@ -30,6 +36,11 @@ _NOISE = ("\\$", "$", "\\,", "\\!", "\\;", "\\:", "\\ ", "\\left", "\\right", "\
 # Longest non-numeric answer handed to math-verify: MATH's longest answer is about 160 characters;
 # a longer "answer" is a rambling response, and sympy can take seconds on it.
 MAX_ANSWER_CHARS = 1000
+_STRUCK = re.compile(r"\\(?:cancel|bcancel|xcancel|cancelto|sout|st|not)\b")
+_RELATION = re.compile(r"(?<![<>!:=\\])=(?!=)")
+_TOWER = re.compile(r"(?:\^|\*\*)\s*(?:\{[^{}]*(?:\^|\*\*)|(?:[0-9]+|[A-Za-z])\s*(?:\^|\*\*))")
+_BIG_EXPONENT = re.compile(r"(?:\^|\*\*)\s*\{?\s*\(?\s*([0-9]{5,})")
+_BIG_FACTORIAL = re.compile(r"[0-9]{4,}\s*!")
 
 
 def last_boxed(text: str) -> str | None:
@@ -129,6 +140,24 @@ def is_unevaluated_arithmetic(answer: str) -> bool:
     return _ARITHMETIC.fullmatch(_clean(answer)) is not None
 
 
+def contradictory(pred: str, gold: str) -> bool:
+    """Struck-out content, or a relation whose plain-number sides disagree (with each other or the gold)."""
+    cleaned = _clean(pred)
+    if _STRUCK.search(cleaned):
+        return True
+    sides = [s.strip() for s in _RELATION.split(cleaned)]
+    if len(sides) < 2:
+        return False
+    numbers = {n for n in (canonical_number(s) for s in sides) if n is not None}
+    want = canonical_number(gold)
+    return len(numbers) > 1 or (want is not None and bool(numbers) and numbers != {want})
+
+
+def costly(expr: str) -> bool:
+    """An expression sympy would take seconds or gigabytes on: a power tower, a huge exponent or factorial."""
+    return bool(_TOWER.search(expr) or _BIG_EXPONENT.search(expr) or _BIG_FACTORIAL.search(expr))
+
+
 def equivalent(pred: str | None, gold: str) -> bool:
     """Whether the final answer ``pred`` equals the ground-truth answer ``gold``.
 
@@ -137,7 +166,7 @@ def equivalent(pred: str | None, gold: str) -> bool:
     may use: in a scorer process (where the RewardManager runs math rewards) that is where it
     runs; in any other thread its timeouts are off and the caller must bound the time.
     """
-    if pred is None or not pred.strip() or is_unevaluated_arithmetic(pred):
+    if pred is None or not pred.strip() or is_unevaluated_arithmetic(pred) or contradictory(pred, gold):
         return False
     got, want = canonical_number(pred), canonical_number(gold)
     if got is not None and want is not None:
@@ -145,6 +174,10 @@ def equivalent(pred: str | None, gold: str) -> bool:
     pred, gold = _clean(pred), _clean(gold)
     if not pred or not gold or len(pred) > MAX_ANSWER_CHARS:
         return False
+    if costly(pred) or costly(gold):
+        if pred == gold:
+            return True
+        raise OverLimit(f"answer too costly to evaluate: {pred[:60]!r}")
     from math_verify import parse, verify
 
     main = threading.current_thread() is threading.main_thread()

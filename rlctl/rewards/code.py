@@ -5,31 +5,49 @@ has none. Ground truth is one of:
 - a string: test code (e.g. ``assert f(2) == 4``) run after the program;
 - ``{"tests": str}``: the same;
 - ``{"inputs": [str, ...], "outputs": [str, ...]}``: stdin/stdout cases, compared line by line
-  with trailing whitespace ignored.
+  with trailing whitespace ignored (as much stdout is read back as the expected output needs,
+  up to ``max_file_mb``).
 Score 1.0 iff every case passes within the sandbox limits; timeouts are reported. Test code
-passes only when the sandbox *witnessed* it run to its last statement (``SandboxResult.witnessed``):
-a program that exits 0 early (``os._exit(0)``, ``SystemExit``, ``atexit``, a forked child, a
-closed stdout) or prints a fake success line scores 0. What the witness cannot see is a program
-that changes what the tests compare (an object equal to everything, rebound builtins); the tests
-must guard against those themselves, as in any harness that runs them in-process. A sandbox that
+runs in a judge process of its own that calls the program's process over a pipe and gets back
+plain data only (``sandbox_verdict.py``): it passes only when the judge *witnessed* the tests run
+to their last statement (``SandboxResult.witnessed``). A program that exits early
+(``os._exit(0)``, ``SystemExit``, a forked child, a closed stdout), prints a fake success line,
+reads the tests, walks frames, rebinds builtins or returns an object equal to everything scores
+0: none of that reaches the judge. What remains is what any test suite leaves: a program that
+special-cases the inputs it is tested on, and tests that do not check what they mean to.
+A sandbox that
 refuses to run (a required layer missing) or fails to start raises ``RunError``: that is the
 host's fault, not the response's, and must not be trained on as a zero.
 """
 
 from __future__ import annotations
 
-import re
+from dataclasses import replace
 from typing import Any
 
 from rlctl.errors import RunError
 from rlctl.rewards.sandbox import SandboxLimits, SandboxResult, run_python
 
-_FENCE = re.compile(r"```(?:python|py|python3)?[^\n]*\n(.*?)```", re.DOTALL)
+FENCE = "```"
 
 
 def extract_code(solution_str: str) -> str:
-    """The last fenced code block of the response, else the response itself."""
-    blocks = _FENCE.findall(solution_str)
+    """The last fenced code block of the response, else the response itself.
+
+    A block opens with a fence (any info string up to the end of its line) and ends at the next
+    fence. One linear scan: a regex here backtracked quadratically on a run of backticks with no
+    newline (80k backticks took 4 s of the driver's reward threads).
+    """
+    blocks, pos = [], 0
+    while (start := solution_str.find(FENCE, pos)) >= 0:
+        newline = solution_str.find("\n", start + len(FENCE))
+        if newline < 0:
+            break
+        end = solution_str.find(FENCE, newline + 1)
+        if end < 0:
+            break
+        blocks.append(solution_str[newline + 1 : end])
+        pos = end + len(FENCE)
     return blocks[-1] if blocks else solution_str
 
 
@@ -37,6 +55,14 @@ def _same_output(got: str, want: str) -> bool:
     return [ln.rstrip() for ln in got.strip().splitlines()] == [
         ln.rstrip() for ln in want.strip().splitlines()
     ]
+
+
+def _room_for(limits: SandboxLimits, want: str) -> SandboxLimits:
+    """``limits`` with enough stdout read back to hold the expected output (twice it, 4 KiB more),
+    up to the file-size limit: a correct program with a long answer must be able to pass."""
+    need = 2 * len(want.encode("utf-8")) + 4096
+    room = min(max(limits.max_output_bytes, need), limits.max_file_mb << 20)
+    return limits if room == limits.max_output_bytes else replace(limits, max_output_bytes=room)
 
 
 def _checked(res: SandboxResult) -> SandboxResult:
@@ -72,7 +98,8 @@ def code_score(
     cases = list(zip(ground_truth["inputs"], ground_truth["outputs"], strict=True))
     passed, timed_out = 0, False
     for stdin, want in cases:
-        res = _checked(run_python(code, stdin=str(stdin), limits=limits))
+        case_limits = _room_for(limits or SandboxLimits(), str(want))
+        res = _checked(run_python(code, stdin=str(stdin), limits=case_limits))
         timed_out = timed_out or res.timed_out
         if not res.ok or not _same_output(res.stdout, str(want)):
             break  # all-or-nothing: later cases cannot change the score

@@ -4,13 +4,16 @@ Scorers have verl's signature ``f(data_source, solution_str, ground_truth, extra
 return a float or a dict with ``"score"`` (other keys are passed through per sample; ``"acc"`` and
 ``"timed_out"`` are understood). A sample whose scorer raises (or returns something unusable:
 no ``score``, not finite) scores 0 and counts in ``reward/errors``; one that runs past
-``timeout_s`` (or reports ``timed_out``) scores 0 and counts in ``reward/timeouts``.
+``timeout_s`` (or reports ``timed_out``) scores 0 and counts in ``reward/timeouts``; one whose
+parse goes past a bound (``rlctl.rewards.limits``: an answer too costly to evaluate, the scorer
+process's memory limit, a recursion limit) scores 0 and counts in ``reward/over_limit``.
 
 Where the work runs:
 - custom, math and verl scorers (and any scorer given a ``timeout_s``): a pool of worker processes
   (``rlctl.rewards.pool``); a sample past its limit is killed with its process, which is replaced;
+  math and verl workers' heaps are bounded (``SCORER_DATA_LIMIT_MB``; custom code is the user's);
 - code: threads that each wait on one sandboxed subprocess (the sandbox bounds and kills it);
-- builtin, exact, numeric: inline (microseconds per sample, nothing to bound).
+- builtin, exact, numeric: inline (linear-time parses: microseconds per sample, nothing to bound).
 
 Errors are a scorer's bug, not the policy's doing, so they are bounded: when more than
 ``max_error_rate`` of one scoring pass raise, ``score`` raises RunError whose first line names
@@ -37,6 +40,7 @@ from rlctl.errors import RunError, UserError
 from rlctl.log import get_logger
 from rlctl.rewards.code import code_score
 from rlctl.rewards.custom import load_custom_reward
+from rlctl.rewards.limits import LIMIT_ERRORS, SCORER_DATA_LIMIT_MB
 from rlctl.rewards.pool import Outcome, ScorerPool, describe
 from rlctl.rewards.sandbox import SandboxLimits
 from rlctl.rewards.verifiers import VERIFIERS, load_verifier
@@ -69,6 +73,8 @@ class RewardOutput:
 def _call_inline(fn: Callable[..., Any], args: tuple[Any, ...]) -> Outcome:
     try:
         return Outcome("ok", fn(*args))
+    except LIMIT_ERRORS as exc:  # the response made the parse too costly: it scores 0, counted
+        return Outcome("limit", reason=describe(exc))
     except Exception as exc:  # a scorer's bug or bad input: that sample scores 0
         return Outcome("error", reason=describe(exc), traceback=traceback.format_exc())
 
@@ -97,6 +103,7 @@ class RewardManager:
         loader: Callable[[], Callable[..., Any]] | None = None,
         name: str | None = None,
         max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
+        data_limit_mb: int | None = None,
     ) -> None:
         if kind not in KINDS:
             raise UserError(f"reward kind {kind!r} unknown; expected one of: {', '.join(KINDS)}")
@@ -111,7 +118,7 @@ class RewardManager:
             if loader is None:
                 assert fn is not None
                 loader = _Returns(fn)
-            self.pool = ScorerPool(loader, self.num_workers, timeout_s, self.name)
+            self.pool = ScorerPool(loader, self.num_workers, timeout_s, self.name, data_limit_mb)
             weakref.finalize(self, self.pool.close)
 
     def close(self) -> None:
@@ -168,7 +175,7 @@ class RewardManager:
         accs: list[float] = []
         signal: list[float] = []
         extra: dict[str, list[Any]] = {}
-        errors = timeouts = 0
+        errors = timeouts = over_limit = 0
         first: Outcome | None = None
         first_source = ""
         for i, res in enumerate(results):
@@ -187,6 +194,8 @@ class RewardManager:
                 timeouts += 1
                 score = acc = 0.0
                 reported = None
+            elif res.status == "limit":
+                over_limit += 1
             scores.append(score)
             accs.append(acc)
             signal.append(reported if reported is not None else score)
@@ -211,6 +220,7 @@ class RewardManager:
         metrics = {
             "reward/errors": float(errors),
             "reward/timeouts": float(timeouts),
+            "reward/over_limit": float(over_limit),
             "reward/mean": sum(scores) / max(1, n),
         }
         has_acc = self.kind != "reward_model"
@@ -314,13 +324,19 @@ def build_reward_manager(
     if kind == "math":
         timeout_s = 10.0 if timeout_s is None else timeout_s
         loader = functools.partial(load_verifier, "math")
-        return RewardManager(VERIFIERS[kind], kind, timeout_s, workers, loader=loader, name="math", **common)
+        return RewardManager(
+            VERIFIERS[kind], kind, timeout_s, workers, loader=loader, name="math",
+            data_limit_mb=SCORER_DATA_LIMIT_MB, **common,
+        )  # fmt: skip
     if kind == "verl":
         if gsm8k_method not in ("strict", "flexible"):
             raise UserError(f"reward.gsm8k_method = {gsm8k_method!r}; expected strict or flexible")
         timeout_s = 10.0 if timeout_s is None else timeout_s
         loader = functools.partial(load_verl_scorer, gsm8k_method, format_score)
-        return RewardManager(loader(), kind, timeout_s, workers, loader=loader, name="verl", **common)
+        return RewardManager(
+            loader(), kind, timeout_s, workers, loader=loader, name="verl",
+            data_limit_mb=SCORER_DATA_LIMIT_MB, **common,
+        )  # fmt: skip
     if kind in VERIFIERS:
         return RewardManager(VERIFIERS[kind], kind, timeout_s, 1, name=kind, **common)
     raise UserError(f"reward kind {kind!r} unknown; expected one of: {', '.join(KINDS)}")

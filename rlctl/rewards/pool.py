@@ -4,7 +4,10 @@ Each worker is a process of its own that loads the scorer once, then scores one 
 request. When a sample runs past ``timeout_s`` the pool kills that worker's process group and
 starts a fresh worker, so nothing keeps running after a timeout (a thread cannot be killed; a
 process can). A worker that dies (segfault, ``os._exit``, OOM kill) scores its sample as an
-error and is replaced the same way.
+error and is replaced the same way. With ``data_limit_mb``, each worker's heap (RLIMIT_DATA) is
+bounded once its scorer is loaded: a sample whose parse needs more fails with MemoryError. A
+sample that goes past a bound (``rlctl.rewards.limits.LIMIT_ERRORS``) ends ``limit``, not
+``error``: it is the response's doing.
 
 Workers are forked from multiprocessing's fork server (one single-threaded process started
 once, with this module and its imports preloaded), so a new worker costs milliseconds and
@@ -17,6 +20,7 @@ import contextlib
 import importlib.util
 import multiprocessing as mp
 import os
+import resource
 import signal
 import time
 import traceback
@@ -27,13 +31,14 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from rlctl.errors import RunError
+from rlctl.rewards.limits import LIMIT_ERRORS
 
 LOAD_TIMEOUT_S = 120.0  # a worker loading the scorer (importing the user's file) that long is broken
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """One sample's result: status ok | error | timeout; value (ok), reason and traceback (error)."""
+    """One sample's result: status ok | error | timeout | limit; value (ok), reason and traceback (error)."""
 
     status: str
     value: Any = None
@@ -45,7 +50,9 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _worker_main(conn: Connection, loader: Callable[[], Callable[..., Any]]) -> None:
+def _worker_main(
+    conn: Connection, loader: Callable[[], Callable[..., Any]], data_limit_mb: int | None = None
+) -> None:
     """A worker: load the scorer, say ready, then answer (args) -> Outcome until told to stop."""
     with contextlib.suppress(OSError):
         os.setpgrp()  # its own process group, so a kill also ends what the scorer started
@@ -55,6 +62,9 @@ def _worker_main(conn: Connection, loader: Callable[[], Callable[..., Any]]) -> 
     except BaseException as exc:
         conn.send(Outcome("error", reason=describe(exc), traceback=traceback.format_exc()))
         return
+    if data_limit_mb is not None:
+        limit = data_limit_mb << 20
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     conn.send(Outcome("ok", "ready"))
     while True:
         try:
@@ -65,6 +75,8 @@ def _worker_main(conn: Connection, loader: Callable[[], Callable[..., Any]]) -> 
             return
         try:
             out = Outcome("ok", fn(*args))
+        except LIMIT_ERRORS as exc:  # the response made the parse too costly: it scores 0, counted
+            out = Outcome("limit", reason=describe(exc))
         except BaseException as exc:  # SystemExit from user code is an error of that sample too
             out = Outcome("error", reason=describe(exc), traceback=traceback.format_exc())
         try:
@@ -83,9 +95,17 @@ def _context() -> mp.context.BaseContext:
 
 
 class _Worker:
-    def __init__(self, ctx: mp.context.BaseContext, loader: Callable[[], Callable[..., Any]], name: str):
+    def __init__(
+        self,
+        ctx: mp.context.BaseContext,
+        loader: Callable[[], Callable[..., Any]],
+        name: str,
+        data_limit_mb: int | None = None,
+    ):
         parent, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child, loader), daemon=True, name=name)
+        self.proc = ctx.Process(
+            target=_worker_main, args=(child, loader, data_limit_mb), daemon=True, name=name
+        )
         self.proc.start()
         child.close()
         self.conn: Connection = parent
@@ -129,9 +149,15 @@ class ScorerPool:
     """Up to ``workers`` scorer processes, started on first use and kept between batches."""
 
     def __init__(
-        self, loader: Callable[[], Callable[..., Any]], workers: int, timeout_s: float | None, name: str
+        self,
+        loader: Callable[[], Callable[..., Any]],
+        workers: int,
+        timeout_s: float | None,
+        name: str,
+        data_limit_mb: int | None = None,
     ) -> None:
         self.loader, self.size, self.timeout_s, self.name = loader, max(1, workers), timeout_s, name
+        self.data_limit_mb = data_limit_mb
         self._ctx = _context()
         self._idle: list[_Worker] = []
         self.started_pids: list[int] = []  # every worker ever started (for tests and post-mortems)
@@ -145,7 +171,7 @@ class ScorerPool:
             if w.proc.is_alive():
                 return w
             w.kill()
-        w = _Worker(self._ctx, self.loader, f"rlctl-reward[{self.name}]")
+        w = _Worker(self._ctx, self.loader, f"rlctl-reward[{self.name}]", self.data_limit_mb)
         self.started_pids.append(w.pid)
         return w
 

@@ -9,8 +9,10 @@ memory cgroup bounding all of a run's processes and a pids cgroup (``sandbox_cgr
 rlimits (CPU, address space, file size, processes, open files). The in-process audit hook
 (``sandbox_guard.py``) is a second layer only.
 
-With ``tests``, the run passes only when the guard *witnessed* the tests run to their last
-statement: it writes back a per-run nonce the snippet cannot read (``SandboxResult.witnessed``).
+With ``tests``, the tests run in a process of their own that calls the snippet's process over a
+pipe (``sandbox_verdict.py``); the run passes only when that process *witnessed* the tests run
+to their last statement: it writes back a per-run nonce that never enters the snippet's process
+(``SandboxResult.witnessed``). The tests reach the sandbox as an open fd of an unlinked file.
 
 ``sandbox_plan()`` probes once which layers this host gives. At level ``strict`` (the default) a
 snippet never runs when a required layer is missing: ``require_sandbox()`` raises at start and
@@ -54,6 +56,7 @@ __all__ = [
 ]
 
 GUARD_SOURCE = Path(__file__).with_name("sandbox_guard.py")
+VERDICT_SOURCE = Path(__file__).with_name("sandbox_verdict.py")
 SYSTEM_DIRS = (
     "/usr",
     "/bin",
@@ -63,7 +66,8 @@ SYSTEM_DIRS = (
     "/lib64",
     "/libx32",
 )  # /etc: a minimal one is written
-WITNESS_FDS = (100, 101)  # sandbox_launch.WITNESS_FDS: the nonce in, the witness out
+JUDGE_SETUP_FAILED = 125  # sandbox_verdict.SETUP_FAILED: the judge (pid 1 with tests) could not start
+WITNESS_FDS = (100, 101, 102)  # sandbox_launch.WITNESS_FDS: the nonce in, the witness out, the tests in
 
 
 @dataclass(frozen=True)
@@ -136,9 +140,12 @@ def _run(
     gid = plan.gid
     nonce = secrets.token_hex(32).encode()
     try:
-        files = ["snippet.py", "sandbox_guard.py"] + (["tests.py"] if tests is not None else [])
+        files = ["snippet.py", "sandbox_guard.py"]  # tests.py reaches the sandbox as an fd, never a file
         (io_dir / "snippet.py").write_text(code, encoding="utf-8")
         shutil.copyfile(GUARD_SOURCE, io_dir / "sandbox_guard.py")
+        if tests is not None:
+            files.append("sandbox_verdict.py")
+            shutil.copyfile(VERDICT_SOURCE, io_dir / "sandbox_verdict.py")
         if tests is not None:
             (io_dir / "tests.py").write_text(tests, encoding="utf-8")
             (io_dir / "nonce").write_bytes(nonce)
@@ -155,7 +162,7 @@ def _run(
         if limits.guard:
             argv.append("sandbox_guard.py")
             if tests is not None:
-                argv += ["--witness", *map(str, WITNESS_FDS), "tests.py"]
+                argv += ["--verdict", *map(str, WITNESS_FDS)]
         argv.append("snippet.py")
         fsize = max(limits.max_file_mb * 1024 * 1024, limits.max_output_bytes)
         program = seccomp_filter() if plan.seccomp else None
@@ -204,6 +211,9 @@ def _run(
                 None, stdout, stderr, timed_out, error=f"sandbox setup failed: {status['error']}"
             )
         rc = os.waitstatus_to_exitcode(status["wait_status"]) if "wait_status" in status else None
+        if tests is not None and limits.guard and rc == JUDGE_SETUP_FAILED:  # the judge's code, not the snippet's
+            last = stderr.strip().splitlines()[-1:] or ["(no message)"]
+            return SandboxResult(None, stdout, stderr, timed_out, error=f"sandbox setup failed: {last[0]}")
         timed_out = timed_out or rc == -signal.SIGXCPU
         witnessed = tests is not None and read_bytes(io_dir / "witness") == nonce
         oom = oom_killed(cgroups)
@@ -346,7 +356,7 @@ def run_python(
 ) -> SandboxResult:
     """Run ``code`` as a Python program in the sandbox, feeding ``stdin``; never raises for its faults.
 
-    ``tests`` (Python test code) runs after ``code`` in its namespace; ``witnessed`` on the result
+    ``tests`` (Python test code) runs in a process of its own against ``code``'s names; ``witnessed`` on the result
     says whether the tests reached their end (exiting early or faking output cannot set it).
 
     At level ``strict`` nothing runs where a required layer is missing: the result's ``error``

@@ -5,43 +5,42 @@ rlimits; see sandbox_launch.py) are what contain a snippet. A ``sys.addaudithook
 cannot be removed once installed, refuses: writes outside the scratch directory (the working
 directory), socket connect/bind/send and non-IP/unix sockets, starting programs (exec, spawn,
 subprocess, os.system, and importing ``_posixsubprocess``, which can exec without an audit
-event), ctypes, the gc walks that would find the hook, trace and profile functions (a tracer can
-jump past a failing assert) and opening any process's ``/proc/<pid>/mem``.
+event), ctypes, the gc walks, trace and profile functions and opening any process's
+``/proc/<pid>/mem``.
 
 Relative paths are resolved against the working directory *and* every open directory fd (the
 ``open`` audit event omits ``dir_fd``, so ``os.open("mem", dir_fd=os.open("/proc/self", ...))``
 is judged as if it were relative to each of them): a write must stay in the scratch directory
 under every reading.
 
-Witness: with ``--witness NONCE_FD OUT_FD tests.py``, the guard reads the run's nonce into the
-hook's closure (reachable only through the interpreter's hook list), runs the snippet and then
-the tests in one namespace, and the tests' last statement raises the ``rlctl.witness`` audit
-event. The hook writes the nonce to OUT_FD only when that event comes from the tests' own code
-object running in the snippet's namespace: exiting early (``os._exit(0)``, ``SystemExit``,
-``atexit``), closing stdout, forking or printing a fake marker cannot produce it.
+The hook never runs the snippet's code: audit events hand it the caller's own objects, so it
+only ever looks at exact ``str``, ``bytes``, ``int`` and ``None`` values (``type(x) is str``, no
+``isinstance``, ``os.fspath``, ``hasattr`` or formatting of anything else) and refuses every
+other argument: a path-like object or a ``str`` subclass is denied without being called, so
+``pathlib`` paths must be passed as ``str`` to file functions. It keeps no state a snippet can
+change: every value and function it uses is bound in its closure when it is made, and paths are
+resolved with the C functions ``posix.lstat``/``readlink``.
 
-The hook keeps no state a snippet can change: it has no re-entrancy flag (nothing it calls raises
-an audit event), every value and function it uses is bound in its closure when it is made (so
-rebinding this module's globals, ``os.path`` or builtins, reached through ``sys._getframe()``,
-changes nothing), and paths are resolved with the C functions ``posix.lstat``/``readlink``.
+Test code (``--verdict NONCE_FD OUT_FD TESTS_FD``) is not run here: ``sandbox_verdict.py`` forks
+the snippet into a process of its own and runs the tests in this one (see there), so nothing
+the verdict depends on is in the snippet's process.
 Usage::
 
-    python -I -S -B sandbox_guard.py [--witness NONCE_FD OUT_FD tests.py] snippet.py
+    python -I -S -B sandbox_guard.py [--verdict NONCE_FD OUT_FD TESTS_FD] snippet.py
 """
 
 import posix
 import sys
 
-WITNESS_EVENT = "rlctl.witness"
-WITNESS_LINE = f"\n__import__('sys').audit({WITNESS_EVENT!r})\n"
+VERDICT_SOURCE = "sandbox_verdict.py"  # copied next to this file in the sandbox's scratch
 
 
-def _make_hook(scratch, witness=None):
-    """The audit hook; ``witness`` = (nonce fd, out fd, tests code object, namespace) or None."""
-    lstat, readlink, getcwd, fspath = posix.lstat, posix.readlink, posix.getcwd, posix.fspath
-    listdir, stat, write, getframe = posix.listdir, posix.stat, posix.write, sys._getframe
-    is_a, has, truth, denied = isinstance, hasattr, bool, PermissionError
-    str_t, bytes_t, int_t = str, bytes, int
+def _make_hook(scratch):
+    """The audit hook: refuses what the module docstring lists; looks only at exact builtin types."""
+    lstat, readlink, getcwd = posix.lstat, posix.readlink, posix.getcwd
+    listdir, stat, kind = posix.listdir, posix.stat, type
+    denied = PermissionError
+    str_t, bytes_t, int_t, float_t, tuple_t, none_t = str, bytes, int, float, tuple, type(None)
     write_flags = posix.O_WRONLY | posix.O_RDWR | posix.O_APPEND | posix.O_CREAT | posix.O_TRUNC
     path_events = frozenset({
         "os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.link", "os.chmod", "os.chown",
@@ -57,12 +56,10 @@ def _make_hook(scratch, witness=None):
     denied_modules = frozenset({"_posixsubprocess", "_ctypes"})
     socket_families = frozenset({1, 2, 10})  # AF_UNIX, AF_INET, AF_INET6
     prefix = scratch + "/"
-    nonce, out_fd, tests_code, namespace = b"", -1, None, None
-    if witness is not None:
-        nonce_fd, out_fd, tests_code, namespace = witness
-        nonce = posix.read(nonce_fd, 256)
-        posix.close(nonce_fd)
-        witness = None  # the closure keeps only what it needs
+
+    def shown(value):
+        """A value for a message: itself only when an exact str or int (formatting runs no code)."""
+        return value if kind(value) is str_t or kind(value) is int_t else "(not a str)"
 
     def resolve(path):
         """Absolute path with every symlink followed (None: a loop), like os.path.realpath."""
@@ -99,9 +96,10 @@ def _make_hook(scratch, witness=None):
 
     def readings(path):
         """Every absolute path ``path`` may name: itself, or relative to the cwd and each dir fd."""
-        path = fspath(path)
-        if is_a(path, bytes_t):
+        if kind(path) is bytes_t:
             path = path.decode("utf-8", "surrogateescape")
+        elif kind(path) is not str_t:
+            raise TypeError("not an exact str or bytes")
         if path.startswith("/"):
             return [resolve(path)]
         bases = [getcwd()]
@@ -134,66 +132,87 @@ def _make_hook(scratch, witness=None):
         return False
 
     def hook(event, args):
-        if event == WITNESS_EVENT:
-            caller = getframe(1)
-            if nonce and caller.f_code is tests_code and caller.f_globals is namespace:
-                write(out_fd, nonce)
-            return
+        if kind(event) is not str_t or kind(args) is not tuple_t:
+            raise denied("sandbox: malformed audit event")
         if event.startswith(denied_prefixes):
             raise denied(f"sandbox: {event} is not allowed")
         if event == "import":
-            if args[0] in denied_modules:
-                raise denied(f"sandbox: importing {args[0]} is not allowed")
+            if not args or kind(args[0]) is not str_t or args[0] in denied_modules:
+                raise denied(f"sandbox: importing {shown(args[0] if args else None)} is not allowed")
         elif event == "open":
+            if len(args) != 3:
+                raise denied("sandbox: malformed open event")
             path, mode, flags = args
-            if path is None or is_a(path, int_t):
+            if path is None or kind(path) is int_t:
                 return
-            if is_a(flags, int_t):
-                writing = truth(flags & write_flags)
-            else:
-                mode = mode if is_a(mode, str_t) else ""
+            if kind(path) is not str_t and kind(path) is not bytes_t:
+                raise denied(f"sandbox: open needs a str or bytes path, not {shown(path)}")
+            if kind(flags) is int_t:
+                writing = flags & write_flags != 0
+            elif kind(mode) is str_t:
                 writing = "w" in mode or "a" in mode or "x" in mode or "+" in mode
+            else:
+                raise denied("sandbox: malformed open event")
             if process_memory(path):
-                raise denied(f"sandbox: opening a process's memory is not allowed: {path}")
+                raise denied(f"sandbox: opening a process's memory is not allowed: {shown(path)}")
             if writing and not inside(path):
-                raise denied(f"sandbox: writing outside the scratch directory: {path}")
+                raise denied(f"sandbox: writing outside the scratch directory: {shown(path)}")
         elif event == "socket.__new__":
-            if args[1] not in socket_families:
-                raise denied(f"sandbox: socket family {args[1]} is not allowed")
+            if len(args) < 2 or kind(args[1]) is not int_t or args[1] not in socket_families:
+                raise denied(f"sandbox: socket family {shown(args[1] if len(args) > 1 else None)} is not allowed")
         elif event == "os.symlink":
-            if not inside(args[1]):
-                raise denied(f"sandbox: writing outside the scratch directory: {args[1]}")
+            if len(args) < 2 or not inside(args[1]):
+                raise denied("sandbox: writing outside the scratch directory (symlink)")
         elif event in path_events:
             for arg in args:
-                if (is_a(arg, (str_t, bytes_t)) or has(arg, "__fspath__")) and not inside(arg):
-                    raise denied(f"sandbox: {event} outside the scratch directory: {arg}")
+                t = kind(arg)
+                if t is str_t or t is bytes_t:
+                    if not inside(arg):
+                        raise denied(f"sandbox: {event} outside the scratch directory: {shown(arg)}")
+                elif t is tuple_t:  # os.utime's times
+                    for item in arg:
+                        if kind(item) is not int_t and kind(item) is not float_t:
+                            raise denied(f"sandbox: {event} with an argument of an unexpected type")
+                elif t is not int_t and t is not none_t:
+                    raise denied(f"sandbox: {event} needs str or bytes paths, not {shown(arg)}")
 
     return hook
 
 
-def main():
+def run_snippet(code, path):
+    """Run the compiled snippet as ``__main__``; its namespace."""
     import types
 
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__file__=path, __builtins__=__builtins__)
+    sys.modules["__main__"] = module
+    exec(code, module.__dict__)
+    return module.__dict__
+
+
+def main():
     args = sys.argv[1:]
-    witness, tests_code = None, None
-    main_module = types.ModuleType("__main__")
-    namespace = main_module.__dict__
-    if args[0] == "--witness":
-        with open(args[3], encoding="utf-8") as f:
-            tests_code = compile(f.read() + WITNESS_LINE, args[3], "exec")
-        witness = (int(args[1]), int(args[2]), tests_code, namespace)
+    fds = None
+    if args[0] == "--verdict":
+        fds = (int(args[1]), int(args[2]), int(args[3]))
         args = args[4:]
     snippet = args[0]
     with open(snippet, "rb") as f:
         snippet_code = compile(f.read(), snippet, "exec")
     sys.argv = [snippet]
-    sys.addaudithook(_make_hook(posix.getcwd(), witness))  # bound nowhere else: only the interpreter holds it
-    del witness, args
-    namespace.update(__file__=snippet, __builtins__=__builtins__)
-    sys.modules["__main__"] = main_module
-    exec(snippet_code, namespace)
-    if tests_code is not None:
-        exec(tests_code, namespace)
+    scratch = posix.getcwd()
+
+    def install_hook():
+        sys.addaudithook(_make_hook(scratch))  # bound nowhere else: only the interpreter holds it
+
+    if fds is None:
+        install_hook()
+        run_snippet(snippet_code, snippet)
+        return
+    verdict = {"__name__": "sandbox_verdict"}
+    with open(VERDICT_SOURCE, "rb") as f:
+        exec(compile(f.read(), VERDICT_SOURCE, "exec"), verdict)
+    verdict["run"](fds, snippet_code, snippet, install_hook, run_snippet)
 
 
 if __name__ == "__main__":

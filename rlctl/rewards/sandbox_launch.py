@@ -15,9 +15,10 @@ stdlib only, single-threaded, so forking and unsharing here is safe (rlctl itsel
    no_new_privs and a parent-death signal, installs the seccomp filter (built by
    ``sandbox_seccomp.py``) and execs the interpreter on the audit guard and the snippet.
 
-With ``witness``, the run's nonce is handed to the guard on fd ``WITNESS_FDS[0]`` (its file is
-unlinked first) and the guard writes it back on ``WITNESS_FDS[1]`` only when the tests ran to
-their end (see ``sandbox_guard.py``).
+With ``witness``, the run's nonce and its tests are handed to the guard on fds
+``WITNESS_FDS[0]`` and ``WITNESS_FDS[2]`` (their files unlinked first: no file of the sandbox
+holds them) and the guard writes the nonce back on ``WITNESS_FDS[1]`` only when the tests ran to
+their end (see ``sandbox_verdict.py``).
 
 The launcher waits for the child and writes ``status.json`` (wait status, or the setup error) to
 the io directory, which the snippet never sees. ``init_pid`` there lets rlctl kill the namespace.
@@ -43,7 +44,7 @@ MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 1
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
 KEYCTL_JOIN_SESSION_KEYRING = 1
-WITNESS_FDS = (100, 101)
+WITNESS_FDS = (100, 101, 102)  # nonce in, witness out, tests in
 ETC_COPIED = ("ld.so.cache", "ld.so.conf", "localtime")  # loader and clock files; no credentials
 DEVICES = ("null", "zero", "full", "random", "urandom")
 SANDBOX_UID = 1000  # the snippet's uid inside a user namespace (non-root rlctl)
@@ -226,11 +227,13 @@ def _map_user(uid, gid):
 
 
 def _open_witness_fds(io_dir):
-    """The nonce (its file unlinked once open) and the witness file, on the fixed WITNESS_FDS."""
+    """The nonce and the tests (their files unlinked once open) and the witness file, on WITNESS_FDS."""
     nonce = os.open(os.path.join(io_dir, "nonce"), os.O_RDONLY)
     os.unlink(os.path.join(io_dir, "nonce"))
     out = os.open(os.path.join(io_dir, "witness"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    for fd, fixed in zip((nonce, out), WITNESS_FDS, strict=True):
+    tests = os.open(os.path.join(io_dir, "tests.py"), os.O_RDONLY)
+    os.unlink(os.path.join(io_dir, "tests.py"))
+    for fd, fixed in zip((nonce, out, tests), WITNESS_FDS, strict=True):
         os.dup2(fd, fixed)  # inheritable: the exec'd guard gets them
         os.close(fd)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from rlctl.data.tasks import strip_answer, task_for_source
@@ -33,15 +34,42 @@ def last_number(text: str) -> float | None:
         return None
 
 
+def _last_decimal(text: str) -> Decimal | None:
+    """The last number written in ``text``, exactly (any size), or None."""
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    try:
+        return Decimal(found[-1].replace(",", ""))
+    except InvalidOperation:
+        return None
+
+
+def _truth_decimal(ground_truth: Any) -> Decimal | None:
+    if isinstance(ground_truth, bool):
+        return None
+    if isinstance(ground_truth, (int, float)):
+        return Decimal(ground_truth) if math.isfinite(ground_truth) else None
+    return _last_decimal(str(ground_truth))
+
+
 def numeric_match(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, rel_tol: float = 1e-6
 ) -> float:
-    """1.0 iff the last number in the response equals the numeric ground truth (relative tolerance)."""
-    got = last_number(strip_answer(solution_str))
-    want = ground_truth if isinstance(ground_truth, (int, float)) else last_number(str(ground_truth))
+    """1.0 iff the last number in the response equals the numeric ground truth.
+
+    An integer ground truth (``42``, ``"1,000,000"``, ``42.0``) is compared exactly (1000001 is not
+    1000000, nor is 1000000.5); a fractional one within ``rel_tol`` (it may be a rounded value).
+    """
+    got, want = _last_decimal(strip_answer(solution_str)), _truth_decimal(ground_truth)
     if got is None or want is None:
         return 0.0
-    return float(math.isclose(got, float(want), rel_tol=rel_tol, abs_tol=1e-12))
+    try:
+        if want == want.to_integral_value():
+            return float(got == want)
+        return float(math.isclose(float(got), float(want), rel_tol=rel_tol, abs_tol=1e-12))
+    except (InvalidOperation, OverflowError):  # an exponent beyond the decimal context: not this number
+        return 0.0
 
 
 def math_match(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:

@@ -15,6 +15,7 @@ from typing import IO
 
 from rlctl.log import get_logger
 from rlctl.tracking.base import to_number
+from rlctl.tracking.run_files import open_nofollow
 
 FILENAME = "metrics.jsonl"
 
@@ -78,7 +79,7 @@ class JsonlBackend:
             mode = "a"
         else:
             mode = "w"
-        self._fh: IO[str] | None = self.path.open(mode, encoding="utf-8")
+        self._fh: IO[str] | None = open_nofollow(self.path, mode)
 
     def _drop_after(self, last_step: int) -> None:
         dropped = truncate_after(self.path, last_step)
@@ -97,7 +98,7 @@ class JsonlBackend:
             self._pending_resume = False
             self._fh.close()
             self._drop_after(step - 1)
-            self._fh = self.path.open("a", encoding="utf-8")
+            self._fh = open_nofollow(self.path, "a")
         record: dict[str, float | int | None] = {"step": int(step)}
         for key, value in metrics.items():
             if key != "step":

@@ -25,6 +25,7 @@ from rlctl.errors import UserError
 from rlctl.log import get_logger
 from rlctl.profile.schema import Profile
 from rlctl.tracking import Tracker
+from rlctl.tracking.run_files import atomic_dir
 from rlctl.trainer.plan.choices import single_process_engines
 from rlctl.trainer.setup.evaluate import greedy_accuracy, scorer_for
 from rlctl.trainer.setup.models import load_tokenizer, materialize_model, stop_token_ids
@@ -140,6 +141,7 @@ def run_sft(profile: Profile, run_dir: Path) -> dict[str, Any]:
     finally:
         tracker.close()
     export = Path(s.export_to) if s.export_to else run_dir / "hf"
-    engine.save_hf(export, tokenizer)
+    with atomic_dir(export) as tmp:  # a full disk leaves the previous export or none, never half of one
+        engine.save_hf(tmp, tokenizer)
     log.info("sft model exported", path=str(export), **result)
     return result | {"export": str(export)}

@@ -69,7 +69,7 @@ def test_a_right_program_still_scores_one_and_the_witness_is_what_decides():
     require_strict()
     assert code_score("code", RIGHT, TESTS)["score"] == 1.0
     res = run_python(WRONG + "import os\nos._exit(0)\n", tests=TESTS)
-    assert res.ok and not res.witnessed  # exit 0: the old rule passed it
+    assert not res.witnessed and not res.ok  # exit 0 passed the first rule; now the judge fails the run
     res = run_python(RIGHT, tests=TESTS)
     assert res.ok and res.witnessed
 

@@ -20,6 +20,7 @@ from rlctl.errors import RunError
 from rlctl.log import get_logger
 from rlctl.profile import profile_to_dict
 from rlctl.tracking import Tracker
+from rlctl.tracking.run_files import atomic_dir, write_text_nofollow
 from rlctl.trainer.loops.stop import StopSignals
 from rlctl.trainer.setup.context import RunContext
 from rlctl.trainer.state import checkpoint
@@ -114,8 +115,9 @@ class Trainer:
                 if stop.requested:
                     raise stop.stopped(self.step)
         if self.p.trainer.export_hf:
-            self.ctx.policy.export_hf(str(self.ctx.run_dir / "hf"))
-            self.ctx.tokenizer.save_pretrained(str(self.ctx.run_dir / "hf"))
+            with atomic_dir(self.ctx.run_dir / "hf") as tmp:  # a full disk leaves no half export
+                self.ctx.policy.export_hf(str(tmp))
+                self.ctx.tokenizer.save_pretrained(str(tmp))
         return last
 
     def memory_groups(self) -> dict:
@@ -383,7 +385,7 @@ class Trainer:
     def _record(self, exc: RunError) -> RunError:
         """Keep the full failure (remote traceback included) in RUN_DIR/error.log; return it to raise."""
         try:
-            (self.ctx.run_dir / "error.log").write_text(f"{exc}\n")
+            write_text_nofollow(self.ctx.run_dir / "error.log", f"{exc}\n")
         except OSError as err:  # a full disk must not hide the error that says so
             log.warning("could not write error.log", path=str(self.ctx.run_dir), error=str(err))
         return exc

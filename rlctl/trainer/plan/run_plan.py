@@ -111,8 +111,11 @@ class RunPlan:
             "verdict": FAIL if self.failures else PASS,
         }
 
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str) + "\n"
+
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        path.write_text(self.to_json())
 
 
 def _target_platform(device: DeviceSpec, count: int, engine: str | None = None) -> Platform:

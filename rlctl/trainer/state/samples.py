@@ -35,6 +35,7 @@ from typing import Any
 from rlctl.dispatch import DataProto
 from rlctl.log import get_logger
 from rlctl.tracking.console import show_first_prompt, show_sample
+from rlctl.tracking.run_files import open_nofollow
 
 SAMPLES_FILE = "samples.jsonl"
 
@@ -206,6 +207,6 @@ class SampleLog:
             return []
         records = sample_rows(batch, self.tokenizer, rows, step=step, phase=phase, start_step=self.start_step)
         # backslashreplace: a lone surrogate still becomes a valid JSON escape instead of failing the step
-        with self.path.open("a", encoding="utf-8", errors="backslashreplace") as fh:
+        with open_nofollow(self.path, "a", errors="backslashreplace") as fh:
             fh.writelines(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records)
         return records

@@ -13,7 +13,7 @@ from rlctl.trainer.step.stages import token_level_scores
 
 # What score() returns besides the batch: per-pass counts, so a caller that scores several times
 # in one step (DAPO rounds, ReMax's baseline) adds them up.
-COUNT_METRICS = ("reward/errors", "reward/timeouts")
+COUNT_METRICS = ("reward/errors", "reward/timeouts", "reward/over_limit")
 
 
 class BatchScorer:
