@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlctl.dispatch import DataProto
+from rlctl.dispatch.mesh import Mesh
 from rlctl.engines import hf_rollout
 from rlctl.engines.fsdp_train import FSDPTrainEngine
 from rlctl.engines.hf_rollout import HFRolloutEngine
@@ -120,9 +121,10 @@ def test_inputs_on_the_engine_device_still_give_host_outputs(models, device):
 
 
 def _policy_worker(engine: HFRolloutEngine, rank: int) -> PolicyWorker:
-    """A PolicyWorker with only its rollout engine, outside any worker group."""
+    """A PolicyWorker with only its rollout engine, outside any worker group (two ranks, each its
+    own rollout replica)."""
     worker = PolicyWorker.__new__(PolicyWorker)
-    worker._rlctl_ctx = SimpleNamespace(rank=rank)
+    worker._rlctl_ctx = SimpleNamespace(rank=rank, mesh=Mesh.of(None, 2))
     worker.rollout = engine
     return worker
 
