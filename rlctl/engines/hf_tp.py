@@ -129,8 +129,13 @@ def apply_plan(model: nn.Module, plan: Mapping[str, str], group, tp: int, rank: 
             if module is embed
             else next((s for p, s in plan.items() if _matches(p, name)), None)
         )
-        if style is None or not isinstance(module, nn.Linear | nn.Embedding):
+        if style is None:
             continue
+        if type(module) not in (nn.Linear, nn.Embedding):  # a subclass may compute more in forward()
+            raise UserError(
+                f"rollout.tensor_parallel > 1: {name!r} is a {type(module).__name__}, which the HF engine "
+                "cannot split (it splits plain torch Linear and Embedding layers); set rollout.tensor_parallel = 1"
+            )
         dim = 1 if style in ROW_STYLES else 0
         for pname in ("weight", "bias"):
             if getattr(module, pname, None) is None or (pname == "bias" and style in ROW_STYLES):

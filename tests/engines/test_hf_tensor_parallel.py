@@ -170,3 +170,24 @@ def test_rollout_tp_needs_an_initialised_group(tmp_path):
 
     with pytest.raises(UserError, match="rollout.tensor_parallel = 2: .*no initialised process group"):
         HFRolloutEngine(str(make_model(tmp_path / "m")), tensor_parallel_size=2)
+
+
+def test_a_layer_the_engine_cannot_split_is_refused_by_name(tmp_path):
+    """An embedding subclass (Gemma-style scaled embeddings compute more in forward) is not
+    silently replaced by a plain vocabulary-parallel lookup."""
+    from torch import nn
+
+    from rlctl.engines import hf_tp
+    from rlctl.errors import UserError
+
+    class ScaledEmbedding(nn.Embedding):
+        def forward(self, ids):
+            return super().forward(ids) * 2.0
+
+    model = hf_tp.build_meta_model(
+        str(make_model(tmp_path / "m")), dtype="float32", trust_remote_code=False, attn_implementation="sdpa"
+    )
+    old = model.model.embed_tokens
+    model.model.embed_tokens = ScaledEmbedding(old.num_embeddings, old.embedding_dim, device="meta")
+    with pytest.raises(UserError, match="'model.embed_tokens' is a ScaledEmbedding"):
+        hf_tp.apply_plan(model, hf_tp.declared_plan(model), group=None, tp=2, rank=0)
