@@ -140,14 +140,21 @@ def copy_saved_modules(model: nn.Module) -> None:
 
 
 def lora_layers(model: nn.Module) -> list[nn.Module]:
+    """Every module that carries adapter state: peft's LoRA layers (``BaseTunerLayer``) and its
+    ``modules_to_save`` wrappers (``AuxiliaryTrainingWrapper``), the set peft's own
+    ``disable_adapter()`` switches (peft 0.21, ``tuners/tuners_utils.py``,
+    ``BaseTuner._enable_adapter_layers``)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import AuxiliaryTrainingWrapper
 
-    return [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    return [m for m in model.modules() if isinstance(m, BaseTunerLayer | AuxiliaryTrainingWrapper)]
 
 
 @contextmanager
 def adapter_disabled(model: nn.Module) -> Iterator[None]:
-    """The base model's forward (the reference policy): every adapter layer off, then on again."""
+    """The base model's forward (the reference policy): every adapter layer and every
+    ``modules_to_save`` copy off (the original module computes), then on again. peft's wrapper
+    clears its copy's ``requires_grad`` while off and sets it again when switched on."""
     layers = lora_layers(model)
     for layer in layers:
         layer.enable_adapters(False)

@@ -157,11 +157,13 @@ class ActorSection:
     activation_checkpointing: bool = field(False, "Recompute activations in backward.")
     skip_zero_advantage: bool = field(
         True,
-        "Leave out of the update's forward and backward the sequences whose advantage is 0 at every "
-        "token (a GRPO/RLOO group whose responses all scored the same): with a built-in policy loss, "
-        "no entropy bonus and no KL loss they add exactly nothing to the gradient, and they still count "
-        "in the loss's normalisation, so the update is the same. actor/zero_grad_row_frac is their "
-        "share; actor/entropy and the other loss metrics then cover the trained sequences.",
+        "Leave out of the update's backward the sequences whose advantage is 0 at every token (a "
+        "GRPO/RLOO group whose responses all scored the same): with a policy loss registered as "
+        "advantage-linear (the built-ins), no entropy bonus and no KL loss they add exactly nothing "
+        "to the gradient, and they still count in the loss's normalisation, so the update is the "
+        "same. They run one forward without grad so that actor/pg_loss, actor/entropy and the other "
+        "loss metrics stay the whole batch's. actor/zero_grad_row_frac is their share of the "
+        "sequences with loss tokens.",
     )
     param_offload: bool = field(False, "Offload parameters to CPU between stages (accelerators).")
     optimizer_offload: bool = field(False, "Offload optimizer state to CPU between stages (accelerators).")

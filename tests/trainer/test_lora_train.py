@@ -48,8 +48,8 @@ def test_lora_train_syncs_the_adapter_and_serves_its_own_reference(write_profile
         assert m["lora/adapter_norm"] > 0
     # the adapter starts with B = 0, so before the first update policy and reference agree exactly;
     # after it they differ: the reference is the base (adapter off), not a copy of the policy
-    assert first["actor/kl"] == 0.0
-    assert second["actor/kl"] > 0.0
+    assert first["actor/kl_loss"] == 0.0
+    assert second["actor/kl_loss"] > 0.0
     assert "roles=policy rollout=" in out + err  # no reference worker group was started
 
     hf = run_dir / "hf"
@@ -62,7 +62,7 @@ def test_lora_train_syncs_the_adapter_and_serves_its_own_reference(write_profile
     code, out, err = run_cli("train", str(profile), "--set", "trainer.steps=3")
     assert code == 0, err[-3000:]
     resumed = _records(run_dir)
-    assert resumed[3]["sync/fingerprint_ok"] == 1.0 and resumed[3]["actor/kl"] > 0
+    assert resumed[3]["sync/fingerprint_ok"] == 1.0 and resumed[3]["actor/kl_loss"] > 0
 
 
 @pytest.mark.timeout(120)

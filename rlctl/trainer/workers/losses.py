@@ -114,7 +114,7 @@ def make_actor_loss(spec: ActorLossSpec) -> LossFn:
         kl = None
         if spec.use_kl_loss:
             kl, _ = kl_loss(log_prob, mb["ref_log_probs"], mask, spec.kl_loss_type, spec.loss_agg_mode, **agg)
-            metrics["kl"] = mean_of(
+            metrics["kl_loss"] = mean_of(
                 kl_penalty(log_prob.detach(), mb["ref_log_probs"], spec.kl_loss_type), mask
             )
         total = actor_loss(pg, ent, spec.entropy_coeff, kl, spec.kl_loss_coef)
