@@ -1,10 +1,18 @@
 """Cheap fingerprints of model weights, so two copies of a model can be compared after a sync.
 
-Per tensor: a weighted float64 sum over a fixed pseudo-random sample of its elements, with
-positions and weights drawn from a seed derived from the tensor's name and shape (the same in
-every process). Both copies fingerprint the *same* elements, so a copy that missed an update, got
-another tensor's values, or was corrupted shows up as a different sum, at the cost of reading
-``SAMPLES`` elements per tensor (no full-tensor pass, no gather of the model).
+Per tensor: a weighted float64 sum over a pseudo-random sample of its elements, with positions
+and weights drawn from a seed derived from the tensor's name, its shape and a *salt* (the same in
+every process; the sync check passes the sync's count, so each sync reads other positions). Both
+copies fingerprint the *same* elements, so a copy that missed an update, got another tensor's
+values, or was corrupted shows up as a different sum, at the cost of reading ``SAMPLES`` elements
+per tensor (no full-tensor pass, no gather of the model).
+
+Detection: a stale region covering a fraction ``f`` of a tensor's elements (each of them
+different in the compared dtype) is read by one sync with probability ``1 - (1 - f)^SAMPLES``
+(:func:`detection_probability`: f = 1% -> 0.47; 5% -> 0.96; a whole tensor -> 1), and with
+positions drawn afresh per sync, one that stays stale for ``n`` syncs escapes all of them with
+probability ``(1 - f)^(SAMPLES n)`` (1%: 0.53 once, 0.0017 over ten syncs). Fixed positions
+would miss the same region at every sync.
 
 The sum is taken after casting the sampled elements to the dtype the rollout copy stores, so an
 fp32 master compared with its bf16 rollout copy agrees exactly (the cast is the one the copy's
@@ -37,17 +45,24 @@ Shape = tuple[int, ...]
 Checksum = tuple[float, float]  # (weighted sum, weighted sum of absolute values)
 
 
+def detection_probability(stale_fraction: float, syncs: int = 1, k: int = SAMPLES) -> float:
+    """Probability that ``syncs`` fingerprints with fresh positions read at least one element of a
+    stale region holding ``stale_fraction`` of a tensor's elements (module docstring)."""
+    return 1.0 - (1.0 - stale_fraction) ** (k * syncs)
+
+
 @functools.lru_cache(maxsize=8192)
-def sample_plan(name: str, shape: Shape, k: int = SAMPLES) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_plan(name: str, shape: Shape, k: int = SAMPLES, salt: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Sorted flat positions (int64) and float64 weights in [0.5, 1.5) of the sampled elements.
 
-    Seeded by ``crc32(name + shape)`` on a CPU generator, so every process with the same torch
-    draws the same plan (Python's ``hash`` is salted per process; crc32 is not).
+    Seeded by ``crc32(name + shape [+ salt])`` on a CPU generator, so every process with the same
+    torch draws the same plan (Python's ``hash`` is salted per process; crc32 is not).
     """
     numel = math.prod(shape)
     if numel == 0:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.float64)
-    g = torch.Generator().manual_seed(zlib.crc32(f"{name}{tuple(shape)}".encode()))
+    key = f"{name}{tuple(shape)}" + (f"#{salt}" if salt else "")
+    g = torch.Generator().manual_seed(zlib.crc32(key.encode()))
     pos, _ = torch.randint(0, numel, (k,), generator=g).sort()
     weights = torch.rand(k, generator=g, dtype=torch.float64) + 0.5
     return pos, weights
@@ -58,18 +73,18 @@ _NO_WEIGHTS = torch.zeros(SAMPLES, dtype=torch.float64)  # the weight row of an 
 
 
 @functools.lru_cache(maxsize=8192)
-def _positions(name: str, shape: Shape, device: torch.device) -> torch.Tensor:
-    """The plan's flat positions on ``device`` (moved once, not at every sync)."""
-    return sample_plan(name, shape)[0].to(device)
+def _positions(name: str, shape: Shape, device: torch.device, salt: int = 0) -> torch.Tensor:
+    """The plan's flat positions on ``device``."""
+    return sample_plan(name, shape, salt=salt)[0].to(device)
 
 
 @functools.lru_cache(maxsize=8192)
 def _shard_positions(
-    name: str, shape: Shape, start: int, rows: int, device: torch.device
+    name: str, shape: Shape, start: int, rows: int, device: torch.device, salt: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat positions in a ``Shard(0)`` piece holding global rows ``[start, start + rows)`` of the
     plan's elements that fall in it (on ``device``), and which of the plan's samples they are."""
-    pos, _ = sample_plan(name, shape)
+    pos, _ = sample_plan(name, shape, salt=salt)
     inner = math.prod(shape[1:])
     row = pos // inner if inner else pos
     mine = (row >= start) & (row < start + rows)
@@ -87,11 +102,27 @@ class _Entry(NamedTuple):
     dtype: torch.dtype | None
 
 
-def _whole(name: str, tensor: torch.Tensor, dtype: torch.dtype | None) -> _Entry:
+class Sampled(NamedTuple):
+    """A tensor's plan samples taken as it streamed past (:func:`sample`), in plan order: what the
+    sync check fingerprints of a tensor that is not kept (a LoRA actor's merged weights)."""
+
+    shape: Shape
+    values: torch.Tensor
+    salt: int
+
+
+def sample(name: str, tensor: torch.Tensor, salt: int = 0) -> Sampled:
+    """The plan's samples of a full ``tensor`` (a copy of ``SAMPLES`` elements, on its device)."""
+    shape = tuple(tensor.shape)
+    with torch.no_grad():
+        return Sampled(shape, torch.take(tensor.detach(), _positions(name, shape, tensor.device, salt)), salt)
+
+
+def _whole(name: str, tensor: torch.Tensor, dtype: torch.dtype | None, salt: int = 0) -> _Entry:
     """The entry of a plain tensor: all of its plan's samples."""
     shape = tuple(tensor.shape)
-    _, w = sample_plan(name, shape)
-    return _Entry(tensor, _positions(name, shape, tensor.device), _ALL, w, dtype)
+    _, w = sample_plan(name, shape, salt=salt)
+    return _Entry(tensor, _positions(name, shape, tensor.device, salt), _ALL, w, dtype)
 
 
 def _sums(entries: Sequence[_Entry]) -> torch.Tensor:
@@ -120,10 +151,10 @@ def _sums(entries: Sequence[_Entry]) -> torch.Tensor:
     return torch.stack([(x * weights).sum(1), (x.abs() * weights).sum(1)], dim=1)
 
 
-def checksum(name: str, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> Checksum:
+def checksum(name: str, tensor: torch.Tensor, dtype: torch.dtype | None = None, salt: int = 0) -> Checksum:
     """Fingerprint of a full tensor (any device, any strides), its elements cast to ``dtype``."""
     with torch.no_grad():
-        s, a = _sums([_whole(name, tensor, dtype)])[0].tolist()
+        s, a = _sums([_whole(name, tensor, dtype, salt)])[0].tolist()
     return s, a
 
 
@@ -144,28 +175,36 @@ def _rows_of_shard(param, global_shape: Shape) -> int:
     return start
 
 
-def _partial(name: str, param: torch.Tensor, dtype: torch.dtype | None) -> _Entry:
+def _partial(name: str, param: torch.Tensor | Sampled, dtype: torch.dtype | None, salt: int) -> _Entry:
     """This rank's share of the fingerprint of ``param`` (all of it for a plain tensor)."""
+    if isinstance(param, Sampled):
+        if param.salt != salt:
+            raise ValueError(f"{name}: sampled for salt {param.salt}, fingerprinted with salt {salt}")
+        n = param.values.numel()
+        weights = sample_plan(name, param.shape, salt=salt)[1]
+        return _Entry(param.values, torch.arange(n, device=param.values.device), _ALL[:n], weights, dtype)
     if not hasattr(param, "to_local"):
-        return _whole(name, param, dtype)
+        return _whole(name, param, dtype, salt)
     shape = tuple(param.shape)
     start = _rows_of_shard(param, shape)
     local = param.to_local()
-    positions, index = _shard_positions(name, shape, start, local.shape[0], local.device)
-    return _Entry(local, positions, index, sample_plan(name, shape)[1], dtype)
+    positions, index = _shard_positions(name, shape, start, local.shape[0], local.device, salt)
+    return _Entry(local, positions, index, sample_plan(name, shape, salt=salt)[1], dtype)
 
 
 def fingerprint_params(
-    named: Iterable[tuple[str, torch.Tensor]],
+    named: Iterable[tuple[str, torch.Tensor | Sampled]],
     dtypes: Mapping[str, torch.dtype | None] | None = None,
     *,
     device: torch.device | str = "cpu",
     group=None,
+    salt: int = 0,
 ) -> dict[str, Checksum]:
-    """Fingerprints of a model's parameters as they are held: plain tensors or ``Shard(0)``
-    DTensors (FSDP2). Every rank of a sharded model must call this with the same names; the
-    per-rank partial sums cross in one all-reduce of ``2 x n_tensors`` float64 on ``device``.
-    ``dtypes[name]`` is the dtype to compare in (the rollout copy's), ``None`` as stored.
+    """Fingerprints of a model's parameters as they are held: plain tensors, ``Shard(0)``
+    DTensors (FSDP2) or :class:`Sampled` (taken with the same ``salt``). Every rank of a sharded
+    model must call this with the same names; the per-rank partial sums cross in one all-reduce of
+    ``2 x n_tensors`` float64 on ``device``. ``dtypes[name]`` is the dtype to compare in (the
+    rollout copy's), ``None`` as stored.
     """
     dtypes = dtypes or {}
     names: list[str] = []
@@ -175,7 +214,7 @@ def fingerprint_params(
         for name, param in named:
             sharded = sharded or hasattr(param, "to_local")
             names.append(name)
-            entries.append(_partial(name, param, dtypes.get(name)))
+            entries.append(_partial(name, param, dtypes.get(name), salt))
         if not entries:
             return {}
         table = _sums(entries)
@@ -189,7 +228,7 @@ def fingerprint_params(
 
 
 def fingerprint_views(
-    spec: Sequence[tuple[str, Shape]], view_of
+    spec: Sequence[tuple[str, Shape]], view_of, salt: int = 0
 ) -> dict[str, tuple[float, float, str] | None]:
     """Rollout-side fingerprints: ``view_of(name, shape)`` returns the engine's tensor for that HF
     name viewed in the HF shape, or None where it cannot; values are ``(sum, abs sum, dtype)``."""
@@ -202,7 +241,7 @@ def fingerprint_views(
             out[name] = None
             if view is not None and tuple(view.shape) == tuple(shape):
                 names.append(name)
-                entries.append(_whole(name, view, None))
+                entries.append(_whole(name, view, None, salt))
         rows = _sums(entries).tolist() if entries else []
     for name, e, (s, a) in zip(names, entries, rows, strict=True):
         out[name] = (s, a, str(e.tensor.dtype).removeprefix("torch."))
