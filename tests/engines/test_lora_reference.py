@@ -43,3 +43,24 @@ def test_reference_switches_saved_modules_off_too(tmp_path, saved):
     assert (policy[mask] - base[mask]).abs().max() > 1e-2  # the policy moved; the reference did not
     # the adapter and the saved copies train again afterwards
     assert all(p.requires_grad for n, p in engine.model.named_parameters() if ".lora_" in n or ".modules_to_save." in n)
+
+
+@pytest.mark.parametrize(
+    ("tie", "kw", "message"),
+    [
+        (False, dict(target_modules=("q_proj", "embed_tokens")), "embedding layer"),
+        (True, dict(modules_to_save=("lm_head",)), "tied input/output embedding"),
+        (True, dict(modules_to_save=("embed_tokens",)), "tied input/output embedding"),
+        (False, dict(dropout=0.1), "actor.lora.dropout = 0.1"),
+    ],
+)
+def test_the_engine_refuses_what_it_cannot_sync_or_export_exactly(tmp_path, tie, kw, message):
+    """An embedding target exported a merged model wrong by 1.4 relative with no error; a tied
+    model's saved embedding synced wrong weights, or failed with a KeyError."""
+    from rlctl.engines.fsdp_train import FSDPTrainEngine
+    from rlctl.engines.lora import LoraSpec
+    from rlctl.errors import UserError
+
+    model_dir = make_model(tmp_path / "model", tie=tie, seed=2)
+    with pytest.raises(UserError, match=message):
+        FSDPTrainEngine(model_dir, lora=LoraSpec(rank=4, alpha=8.0, **kw))

@@ -28,9 +28,23 @@ with that distance (seen on an H200 in bfloat16: a healthy run's canary gap rose
 nats by step 46 of the built-in task). So the limit is the parity tolerance times
 ``max(1, mean |trainer log-prob| / ln V)`` (:func:`logit_spread`).
 
+The differential test: a copy one update stale can sit well inside that limit (in bf16 on a 7B
+model the limit is ~0.5 nats per token, a one-update gap ~0.24). So each check also keeps the
+trainer's scores, and the next version's check asks whether the rollout engine's scores lie
+nearer the previous version's: with ``e = theirs - ours`` and ``d = previous - ours`` (what the
+update moved), ``s = <e, d> / <d, d>`` is 0 for an engine on the current weights and 1 for one on
+the previous (:func:`stale_score`); the residual ``e - s d`` estimates the engines' per-token noise
+``sigma``, and ``z = |d| / (2 sigma)`` says how far apart the two versions are in noise units.
+Where ``z >= STALE_Z`` and ``s > 1/2`` the sync fails naming the engine; under Gaussian noise a
+stale copy is then caught with probability ``Phi(z) >= 1 - 2.9e-7`` and a healthy one is flagged
+with ``Phi(-z) <= 2.9e-7``. Where ``z < STALE_Z`` the update moved the canary too little to tell
+the versions apart, and only the absolute limit applies (``sync/canary_stale_z`` says which).
+
 Metrics: ``sync/canary_gap_mean`` /
 ``sync/canary_gap_max`` (nats), ``sync/canary_limit`` (the tolerance), ``sync/canary_ok`` (1
-checked; -1 when the engine cannot score a sequence, said once in a warning).
+checked; -1 when the engine cannot score a sequence, said once in a warning),
+``sync/canary_stale_score`` and ``sync/canary_stale_z`` (the differential test's ``s`` and ``z``,
+where the previous version was scored).
 
 The off-policy modes' rollout workers (:mod:`rlctl.trainer.workers.rollout`) run it on every
 weight push: the trainer scores the canary when it publishes its weights
@@ -53,9 +67,26 @@ from rlctl.errors import RunError
 from rlctl.log import get_logger
 
 LOGGER = "rlctl.trainer.sync"
-CANARY_LENGTH = 32
+CANARY_LENGTH = 128  # z of the differential test grows as sqrt(length)
 CANARY_SEED = 20_240_607
 SPOT_CHECK_EVERY = 10
+STALE_Z = 5.0  # the versions' separation in noise units from which the differential test decides
+
+
+def stale_score(theirs: torch.Tensor, ours: torch.Tensor, previous: torch.Tensor) -> tuple[float, float]:
+    """``(s, z)`` of the differential test (module docstring): ``s`` ~0 for scores of the current
+    weights, ~1 for the previous version's; ``z`` the versions' separation over twice the noise
+    (0 when the update did not move the canary)."""
+    e = torch.as_tensor(theirs).double().cpu() - ours.double().cpu()
+    d = previous.double().cpu() - ours.double().cpu()
+    dd = float((d * d).sum())
+    if dd == 0.0:
+        return 0.0, 0.0
+    s = float((e * d).sum()) / dd
+    residual = e - s * d
+    sigma = math.sqrt(float((residual * residual).sum()) / max(1, e.numel() - 1))
+    z = math.sqrt(dd) / (2.0 * sigma) if sigma > 0 else math.inf
+    return s, z
 
 
 def canary_due(version: int, rollout) -> bool:
@@ -123,6 +154,7 @@ class SyncCanary:
         self.dtypes = (resolve_dtype(train_dtype), resolve_dtype(rollout_dtype))
         self.on_device = on_device
         self.warned = False
+        self.last: tuple[int, torch.Tensor] | None = None  # (version, the trainer's scores)
 
     @classmethod
     def of_worker(cls, worker) -> SyncCanary | None:
@@ -143,7 +175,9 @@ class SyncCanary:
     def trainer_scores(self, actor) -> tuple[list[int], torch.Tensor]:
         """The canary for ``actor``'s vocabulary and the training engine's log-probs of it (on the
         host). Collective under FSDP: every rank calls it together, with the actor on its device."""
-        tokens = canary_tokens(vocab_size_of(actor.model.config))
+        config = actor.model.config  # a model with fewer positions scores a shorter canary
+        length = min(CANARY_LENGTH, int(getattr(config, "max_position_embeddings", None) or CANARY_LENGTH))
+        tokens = canary_tokens(vocab_size_of(config), length)
         with one_thread_on_cpu(actor.device):
             ours = actor.compute_log_prob(canary_batch(tokens))["log_probs"][0]
         return tokens, ours.detach().cpu()
@@ -188,6 +222,8 @@ class SyncCanary:
         if spread > 1.0:
             tol = tol.scaled(spread, f"{tol.why}; x {spread:.3g}, the canary's logit spread")
         mean, worst = float(gap.mean()), float(gap.max())
+        previous = self.last[1] if self.last is not None and self.last[0] == version - 1 else None
+        self.last = (version, ours.detach().double().cpu())
         if not mean <= tol.passes:
             raise RunError(
                 f"{what} {version}: canary: the rollout engine {engine} scores the fixed "
@@ -196,12 +232,25 @@ class SyncCanary:
                 f"{self.rank}); its stored weights may be right, but it computes with others "
                 "(a captured graph or fused copy holding old weights?)"
             )
-        return {
+        out = {
             "sync/canary_ok": 1.0,
             "sync/canary_gap_mean": mean,
             "sync/canary_gap_max": worst,
             "sync/canary_limit": tol.passes,
         }
+        if previous is not None and previous.shape == ours.shape:
+            s, z = stale_score(theirs, ours, previous)
+            if z >= STALE_Z and s > 0.5:
+                raise RunError(
+                    f"{what} {version}: canary: the rollout engine {engine} scores the fixed "
+                    f"{len(tokens)}-token canary as the trainer's previous weights do (stale score "
+                    f"{s:.3g}: 0 = current, 1 = previous; separation z = {z:.3g}; rank {self.rank}), "
+                    f"though within the limit {tol.passes:.3g} ({mean:.4g} nats per token): it "
+                    "computes with weights one update old"
+                )
+            out["sync/canary_stale_score"] = s
+            out["sync/canary_stale_z"] = min(z, 1e6)
+        return out
 
     def check(self, actor, rollout, version: int) -> dict[str, float]:
         """``actor`` is the training engine (``compute_log_prob``), ``rollout`` the rollout engine."""

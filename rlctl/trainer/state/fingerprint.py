@@ -167,7 +167,8 @@ def merge_canary_metrics(records: list[dict[str, float]] | None) -> dict[str, fl
     if not records or not all("sync/canary_ok" in r for r in records):
         return {}
     out = {"sync/canary_ok": min(r["sync/canary_ok"] for r in records)}
-    for key in ("sync/canary_gap_mean", "sync/canary_gap_max", "sync/canary_limit", "sync/canary_s"):
+    keys = ("sync/canary_gap_mean", "sync/canary_gap_max", "sync/canary_limit", "sync/canary_s")
+    for key in (*keys, "sync/canary_stale_score", "sync/canary_stale_z"):
         if all(key in r for r in records):
             out[key] = max(r[key] for r in records)
     return out
