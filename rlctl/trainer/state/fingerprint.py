@@ -168,9 +168,11 @@ def merge_canary_metrics(records: list[dict[str, float]] | None) -> dict[str, fl
         return {}
     out = {"sync/canary_ok": min(r["sync/canary_ok"] for r in records)}
     keys = ("sync/canary_gap_mean", "sync/canary_gap_max", "sync/canary_limit", "sync/canary_s")
-    for key in (*keys, "sync/canary_stale_score", "sync/canary_stale_z"):
+    for key in (*keys, "sync/canary_trainer_moved"):
         if all(key in r for r in records):
             out[key] = max(r[key] for r in records)
+    if all("sync/canary_rollout_moved" in r for r in records):  # the rank that moved least
+        out["sync/canary_rollout_moved"] = min(r["sync/canary_rollout_moved"] for r in records)
     return out
 
 
