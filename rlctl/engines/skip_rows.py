@@ -18,11 +18,12 @@ loss tokens, summed over ranks like every other part.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from rlctl.algorithms.metric_parts import Mean
+from rlctl.engines.batch_metrics import BatchMetrics
+from rlctl.engines.optim import LossScale
 
 Batch = dict[str, torch.Tensor]
 
@@ -66,8 +67,8 @@ def measure_skipped(
     micro_batches: list[Batch],
     forward: Callable[..., Batch],
     loss_fn: Callable[..., tuple[torch.Tensor, dict]],
-    scale: Any,
-    parts: Any,
+    scale: LossScale,
+    parts: BatchMetrics,
     device: torch.device,
     temperature: float,
     with_entropy: bool,

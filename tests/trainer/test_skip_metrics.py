@@ -46,10 +46,15 @@ def _batch(seed: int) -> dict[str, torch.Tensor]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("policy_loss", ["vanilla", "cispo", "gspo"])
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
-def test_metrics_with_the_skip_equal_the_whole_batch(model_dir, policy_loss, agg):
+@pytest.mark.parametrize("recomputed", [True, False])
+def test_metrics_with_the_skip_equal_the_whole_batch(model_dir, policy_loss, agg, recomputed):
+    """``recomputed=False``: no old-log-prob pass, so the loss itself measures the train/rollout gap
+    (``rollout/log_prob_diff_mean``, which the gap alarm watches) and the rollout correction."""
     spec = ActorLossSpec(policy_loss=policy_loss, loss_agg_mode=agg, skip_zero_advantage=True)
     loss = make_actor_loss(replace(spec, rollout_correction="token"))
     batch = _batch(3)
+    if not recomputed:
+        del batch["old_log_probs"]
     optim = OptimConfig(lr=1e-3, grad_clip=0.0, warmup_steps=0, total_steps=4)
     runs = {}
     for skip in (True, False):
@@ -58,10 +63,10 @@ def test_metrics_with_the_skip_equal_the_whole_batch(model_dir, policy_loss, agg
         assert (rows is not None) == skip
         runs[skip] = engine.train_batch(batch, loss, skip_rows=rows)
     on, off = runs[True], runs[False]
-    for key in (*COMPARED, "rollout/log_prob_diff_mean", "rollout_corr/kl"):
-        if key in off:
-            assert on[key] == pytest.approx(off[key], rel=1e-5, abs=1e-9), key
-    assert off["ppo_kl"] != 0 and off["entropy"] > 0
+    extra = () if recomputed else ("rollout/log_prob_diff_mean", "rollout/log_prob_diff_max", "rollout_corr/kl")
+    for key in (*COMPARED, *extra):
+        assert on[key] == pytest.approx(off[key], rel=1e-5, abs=1e-9), key
+    assert off["entropy"] > 0 and (off["ppo_kl"] != 0) == recomputed
     # 8 of the 14 rows with loss tokens skipped (row 8, a padding row, counts in neither)
     assert on["zero_grad_row_frac"] == pytest.approx(7 / 14) and off["zero_grad_row_frac"] == 0.0
     assert on["metrics_token_frac"] > 0 and off["metrics_token_frac"] == 0.0
