@@ -7,8 +7,10 @@ copies fingerprint the *same* elements, so a copy that missed an update, got ano
 values, or was corrupted shows up as a different sum, at the cost of reading ``SAMPLES`` elements
 per tensor (no full-tensor pass, no gather of the model).
 
-Detection: a stale region covering a fraction ``f`` of a tensor's elements (each of them
-different in the compared dtype) is read by one sync with probability ``1 - (1 - f)^SAMPLES``
+Each salt shifts the tensor's fixed random positions cyclically by its own offset (one add per
+tensor on its device; the plan itself is drawn once). Detection: a stale region covering a fraction
+``f`` of a tensor's elements (each of them different in the compared dtype) is read by one sync
+with probability ``1 - (1 - f)^SAMPLES`` (on average over tensors' plans)
 (:func:`detection_probability`: f = 1% -> 0.47; 5% -> 0.96; a whole tensor -> 1), and with
 positions drawn afresh per sync, one that stays stale for ``n`` syncs escapes all of them with
 probability ``(1 - f)^(SAMPLES n)`` (1%: 0.53 once, 0.0017 over ten syncs). Fixed positions
@@ -52,20 +54,35 @@ def detection_probability(stale_fraction: float, syncs: int = 1, k: int = SAMPLE
 
 
 @functools.lru_cache(maxsize=8192)
-def sample_plan(name: str, shape: Shape, k: int = SAMPLES, salt: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted flat positions (int64) and float64 weights in [0.5, 1.5) of the sampled elements.
-
-    Seeded by ``crc32(name + shape [+ salt])`` on a CPU generator, so every process with the same
-    torch draws the same plan (Python's ``hash`` is salted per process; crc32 is not).
-    """
+def _base_plan(name: str, shape: Shape, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tensor's fixed plan: sorted flat positions and float64 weights in [0.5, 1.5), seeded by
+    ``crc32(name + shape)`` on a CPU generator, so every process with the same torch draws the same
+    plan (Python's ``hash`` is salted per process; crc32 is not)."""
     numel = math.prod(shape)
     if numel == 0:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.float64)
-    key = f"{name}{tuple(shape)}" + (f"#{salt}" if salt else "")
-    g = torch.Generator().manual_seed(zlib.crc32(key.encode()))
+    g = torch.Generator().manual_seed(zlib.crc32(f"{name}{tuple(shape)}".encode()))
     pos, _ = torch.randint(0, numel, (k,), generator=g).sort()
     weights = torch.rand(k, generator=g, dtype=torch.float64) + 0.5
     return pos, weights
+
+
+def _shift(name: str, shape: Shape, salt: int) -> int:
+    """The salt's cyclic shift of the tensor's positions (0 for salt 0), from two crc32s."""
+    numel = math.prod(shape)
+    if not salt or numel <= 1:
+        return 0
+    key = f"{name}{tuple(shape)}#{salt}"
+    return ((zlib.crc32(key.encode()) << 32) | zlib.crc32(key[::-1].encode())) % numel
+
+
+def sample_plan(name: str, shape: Shape, k: int = SAMPLES, salt: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat positions (int64) and float64 weights of the sampled elements for ``salt``: the
+    tensor's fixed random plan (:func:`_base_plan`) shifted cyclically by a per-salt offset, so
+    each sync reads other elements at the cost of one add per tensor."""
+    pos, weights = _base_plan(name, tuple(shape), k)
+    shift = _shift(name, tuple(shape), salt)
+    return ((pos + shift) % math.prod(shape) if shift else pos), weights
 
 
 _ALL = torch.arange(SAMPLES)  # sample indices of a tensor read whole
@@ -73,9 +90,16 @@ _NO_WEIGHTS = torch.zeros(SAMPLES, dtype=torch.float64)  # the weight row of an 
 
 
 @functools.lru_cache(maxsize=8192)
+def _base_positions(name: str, shape: Shape, device: torch.device) -> torch.Tensor:
+    """The fixed plan's flat positions on ``device`` (moved once, not at every sync)."""
+    return _base_plan(name, shape, SAMPLES)[0].to(device)
+
+
 def _positions(name: str, shape: Shape, device: torch.device, salt: int = 0) -> torch.Tensor:
-    """The plan's flat positions on ``device``."""
-    return sample_plan(name, shape, salt=salt)[0].to(device)
+    """The salt's flat positions on ``device``: the cached plan, shifted there."""
+    base = _base_positions(name, shape, device)
+    shift = _shift(name, shape, salt)
+    return torch.remainder(base + shift, math.prod(shape)) if shift else base
 
 
 @functools.lru_cache(maxsize=8192)
@@ -121,7 +145,7 @@ def sample(name: str, tensor: torch.Tensor, salt: int = 0) -> Sampled:
 def _whole(name: str, tensor: torch.Tensor, dtype: torch.dtype | None, salt: int = 0) -> _Entry:
     """The entry of a plain tensor: all of its plan's samples."""
     shape = tuple(tensor.shape)
-    _, w = sample_plan(name, shape, salt=salt)
+    w = _base_plan(name, shape, SAMPLES)[1]  # the weights do not depend on the salt
     return _Entry(tensor, _positions(name, shape, tensor.device, salt), _ALL, w, dtype)
 
 
@@ -181,7 +205,7 @@ def _partial(name: str, param: torch.Tensor | Sampled, dtype: torch.dtype | None
         if param.salt != salt:
             raise ValueError(f"{name}: sampled for salt {param.salt}, fingerprinted with salt {salt}")
         n = param.values.numel()
-        weights = sample_plan(name, param.shape, salt=salt)[1]
+        weights = _base_plan(name, tuple(param.shape), SAMPLES)[1]
         return _Entry(param.values, torch.arange(n, device=param.values.device), _ALL[:n], weights, dtype)
     if not hasattr(param, "to_local"):
         return _whole(name, param, dtype, salt)
@@ -189,7 +213,7 @@ def _partial(name: str, param: torch.Tensor | Sampled, dtype: torch.dtype | None
     start = _rows_of_shard(param, shape)
     local = param.to_local()
     positions, index = _shard_positions(name, shape, start, local.shape[0], local.device, salt)
-    return _Entry(local, positions, index, sample_plan(name, shape, salt=salt)[1], dtype)
+    return _Entry(local, positions, index, _base_plan(name, shape, SAMPLES)[1], dtype)
 
 
 def fingerprint_params(
