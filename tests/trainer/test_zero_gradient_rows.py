@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from rlctl.algorithms import POLICY_LOSSES, advantage_linear_losses, get_policy_loss, register_policy_loss
@@ -75,7 +75,9 @@ def test_rows_marked_have_exactly_zero_gradient_in_every_builtin_loss(policy_los
     marked = zero_gradient_rows(spec, mb)
     assert marked[::2].all()
     assert torch.equal(log_prob.grad[marked], torch.zeros_like(log_prob.grad[marked]))
-    assert log_prob.grad[~marked].abs().sum() > 0
+    # not vacuous: the other rows have a gradient (gspo can clip every sequence at these ratios,
+    # e.g. seed 61000: then the example says nothing either way)
+    assume(log_prob.grad[~marked].abs().sum() > 0)
 
 
 def test_the_profile_key_reaches_the_loss_spec():
