@@ -8,11 +8,13 @@ Every estimator accepts ``**kwargs`` so the driver can pass one uniform bag of f
 Numbers match ``verl.trainer.ppo.core_algos`` (0.9.x) for the same inputs: unbiased (Bessel)
 group std, ``std + epsilon`` in the denominator, a group of one gets mean 0 / std 1, whitening
 via ``masked_whiten`` (eps inside the rsqrt). Group statistics are vectorised (``index_add``)
-instead of verl's Python loop over samples; the results agree to float rounding.
+instead of verl's Python loop over samples, in float64; the results agree to float rounding,
+except that a group of equal scores gets an advantage of exactly 0 (:func:`group_stats`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -49,23 +51,35 @@ def group_ids(index: Any, batch: int) -> tuple[torch.Tensor, int]:
 
 
 def group_stats(scores: torch.Tensor, index: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-sample (group mean, unbiased group std, group size), verl's conventions.
+    """Per-sample (group mean, unbiased group std, group size), verl's conventions, in ``scores``'
+    dtype.
 
     A group of one gets mean 0 and std 1 (verl's choice: its advantage is its raw score).
+    Deliberate difference from verl: the sums run in float64, and a group whose scores are all
+    equal gets that score as its mean *exactly* and std 0, so ``score - mean`` is exactly 0 (verl's
+    float32 mean of sixteen 0.7s is off by one rounding step, which its ``std + epsilon`` divisor
+    then blows up to advantages of 0.056; such rows also escape ``actor.skip_zero_advantage``).
     """
     gid, n_groups = group_ids(index, scores.shape[0])
     gid = gid.to(scores.device)
-    count = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(
-        0, gid, torch.ones_like(scores)
+    x = scores.double()
+    count = torch.zeros(n_groups, dtype=torch.float64, device=scores.device).index_add_(
+        0, gid, torch.ones_like(x)
     )
-    total = torch.zeros_like(count).index_add_(0, gid, scores)
+    total = torch.zeros_like(count).index_add_(0, gid, x)
     mean = total / count
-    sq = torch.zeros_like(count).index_add_(0, gid, (scores - mean[gid]) ** 2)
+    sq = torch.zeros_like(count).index_add_(0, gid, (x - mean[gid]) ** 2)
     std = torch.sqrt(sq / (count - 1).clamp(min=1))
+    high = torch.full_like(count, -math.inf).scatter_reduce_(0, gid, x, "amax")
+    low = torch.full_like(count, math.inf).scatter_reduce_(0, gid, x, "amin")
+    equal = high == low  # every score of the group the same: exact mean, no spread
+    mean = torch.where(equal, high, mean)
+    std = torch.where(equal, torch.zeros_like(std), std)
     single = count == 1
     mean = torch.where(single, torch.zeros_like(mean), mean)
     std = torch.where(single, torch.ones_like(std), std)
-    return mean[gid], std[gid], count[gid]
+    dtype = scores.dtype
+    return mean[gid].to(dtype), std[gid].to(dtype), count[gid].to(dtype)
 
 
 def _outcome(

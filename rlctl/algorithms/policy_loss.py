@@ -86,7 +86,7 @@ def _setup(config: PolicyLossConfig | None, loss_agg_mode: str | None) -> tuple[
     return config, (config.loss_agg_mode if loss_agg_mode is None else loss_agg_mode)
 
 
-@register_policy_loss("vanilla")
+@register_policy_loss("vanilla", advantage_linear=True)
 def vanilla(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -125,7 +125,7 @@ def vanilla(
     }
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", advantage_linear=True)
 def gspo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -159,7 +159,7 @@ def gspo(
     }
 
 
-@register_policy_loss("cispo")
+@register_policy_loss("cispo", advantage_linear=True)
 def cispo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -186,7 +186,7 @@ def cispo(
     }
 
 
-@register_policy_loss("gpg")
+@register_policy_loss("gpg", advantage_linear=True)
 def gpg(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,

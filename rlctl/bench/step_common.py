@@ -114,10 +114,12 @@ def summarise_metrics(
         for s in sorted(records)
         if "val/accuracy" in records[s]
     ]
-    # the update forwards only the rows with a gradient (actor.skip_zero_advantage): its FLOPs are
-    # that share of the step's tokens
+    # the update forwards and backwards only the rows with a gradient (actor.skip_zero_advantage):
+    # its FLOPs are 3x that share of the step's tokens, plus one forward of the skipped rows (their
+    # metrics, actor/metrics_token_frac)
     timed = steps[WARMUP:] or steps
     update_frac = statistics.median(r.get("actor/forwarded_token_frac", 1.0) for r in timed) if timed else 1.0
+    metrics_frac = statistics.median(r.get("actor/metrics_token_frac", 0.0) for r in timed) if timed else 0.0
     stages: dict[str, list[float]] = {}
     for r in steps:
         for k, v in r.items():
@@ -129,7 +131,7 @@ def summarise_metrics(
         curve,
         sequences=sequences,
         tokens=[r["perf/tokens_per_s"] * r["time/step"] for r in steps],
-        passes=1 + 3 * update_frac + ("old_log_prob" in stages) + ("ref" in stages),
+        passes=1 + 3 * update_frac + metrics_frac + ("old_log_prob" in stages) + ("ref" in stages),
         params=params,
         peak_gflops=peak_gflops,
         target=target,

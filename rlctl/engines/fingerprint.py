@@ -1,10 +1,20 @@
 """Cheap fingerprints of model weights, so two copies of a model can be compared after a sync.
 
-Per tensor: a weighted float64 sum over a fixed pseudo-random sample of its elements, with
-positions and weights drawn from a seed derived from the tensor's name and shape (the same in
-every process). Both copies fingerprint the *same* elements, so a copy that missed an update, got
-another tensor's values, or was corrupted shows up as a different sum, at the cost of reading
-``SAMPLES`` elements per tensor (no full-tensor pass, no gather of the model).
+Per tensor: a weighted float64 sum over a pseudo-random sample of its elements, with positions
+and weights drawn from a seed derived from the tensor's name, its shape and a *salt* (the same in
+every process; the sync check passes the sync's count, so each sync reads other positions). Both
+copies fingerprint the *same* elements, so a copy that missed an update, got another tensor's
+values, or was corrupted shows up as a different sum, at the cost of reading ``SAMPLES`` elements
+per tensor (no full-tensor pass, no gather of the model).
+
+Each salt shifts the tensor's fixed random positions cyclically by its own offset (one add per
+tensor on its device; the plan itself is drawn once). Detection: a stale region covering a fraction
+``f`` of a tensor's elements (each of them different in the compared dtype) is read by one sync
+with probability ``1 - (1 - f)^SAMPLES`` (on average over tensors' plans)
+(:func:`detection_probability`: f = 1% -> 0.47; 5% -> 0.96; a whole tensor -> 1), and with
+positions drawn afresh per sync, one that stays stale for ``n`` syncs escapes all of them with
+probability ``(1 - f)^(SAMPLES n)`` (1%: 0.53 once, 0.0017 over ten syncs). Fixed positions
+would miss the same region at every sync.
 
 The sum is taken after casting the sampled elements to the dtype the rollout copy stores, so an
 fp32 master compared with its bf16 rollout copy agrees exactly (the cast is the one the copy's
@@ -37,13 +47,17 @@ Shape = tuple[int, ...]
 Checksum = tuple[float, float]  # (weighted sum, weighted sum of absolute values)
 
 
-@functools.lru_cache(maxsize=8192)
-def sample_plan(name: str, shape: Shape, k: int = SAMPLES) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted flat positions (int64) and float64 weights in [0.5, 1.5) of the sampled elements.
+def detection_probability(stale_fraction: float, syncs: int = 1, k: int = SAMPLES) -> float:
+    """Probability that ``syncs`` fingerprints with fresh positions read at least one element of a
+    stale region holding ``stale_fraction`` of a tensor's elements (module docstring)."""
+    return 1.0 - (1.0 - stale_fraction) ** (k * syncs)
 
-    Seeded by ``crc32(name + shape)`` on a CPU generator, so every process with the same torch
-    draws the same plan (Python's ``hash`` is salted per process; crc32 is not).
-    """
+
+@functools.lru_cache(maxsize=8192)
+def _base_plan(name: str, shape: Shape, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tensor's fixed plan: sorted flat positions and float64 weights in [0.5, 1.5), seeded by
+    ``crc32(name + shape)`` on a CPU generator, so every process with the same torch draws the same
+    plan (Python's ``hash`` is salted per process; crc32 is not)."""
     numel = math.prod(shape)
     if numel == 0:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.float64)
@@ -53,23 +67,50 @@ def sample_plan(name: str, shape: Shape, k: int = SAMPLES) -> tuple[torch.Tensor
     return pos, weights
 
 
+def _shift(name: str, shape: Shape, salt: int) -> int:
+    """The salt's cyclic shift of the tensor's positions (0 for salt 0), from two crc32s."""
+    numel = math.prod(shape)
+    if not salt or numel <= 1:
+        return 0
+    key = f"{name}{tuple(shape)}#{salt}"
+    return ((zlib.crc32(key.encode()) << 32) | zlib.crc32(key[::-1].encode())) % numel
+
+
+def sample_plan(
+    name: str, shape: Shape, k: int = SAMPLES, salt: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat positions (int64) and float64 weights of the sampled elements for ``salt``: the
+    tensor's fixed random plan (:func:`_base_plan`) shifted cyclically by a per-salt offset, so
+    each sync reads other elements at the cost of one add per tensor."""
+    pos, weights = _base_plan(name, tuple(shape), k)
+    shift = _shift(name, tuple(shape), salt)
+    return ((pos + shift) % math.prod(shape) if shift else pos), weights
+
+
 _ALL = torch.arange(SAMPLES)  # sample indices of a tensor read whole
 _NO_WEIGHTS = torch.zeros(SAMPLES, dtype=torch.float64)  # the weight row of an empty tensor
 
 
 @functools.lru_cache(maxsize=8192)
-def _positions(name: str, shape: Shape, device: torch.device) -> torch.Tensor:
-    """The plan's flat positions on ``device`` (moved once, not at every sync)."""
-    return sample_plan(name, shape)[0].to(device)
+def _base_positions(name: str, shape: Shape, device: torch.device) -> torch.Tensor:
+    """The fixed plan's flat positions on ``device`` (moved once, not at every sync)."""
+    return _base_plan(name, shape, SAMPLES)[0].to(device)
+
+
+def _positions(name: str, shape: Shape, device: torch.device, salt: int = 0) -> torch.Tensor:
+    """The salt's flat positions on ``device``: the cached plan, shifted there."""
+    base = _base_positions(name, shape, device)
+    shift = _shift(name, shape, salt)
+    return torch.remainder(base + shift, math.prod(shape)) if shift else base
 
 
 @functools.lru_cache(maxsize=8192)
 def _shard_positions(
-    name: str, shape: Shape, start: int, rows: int, device: torch.device
+    name: str, shape: Shape, start: int, rows: int, device: torch.device, salt: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat positions in a ``Shard(0)`` piece holding global rows ``[start, start + rows)`` of the
     plan's elements that fall in it (on ``device``), and which of the plan's samples they are."""
-    pos, _ = sample_plan(name, shape)
+    pos, _ = sample_plan(name, shape, salt=salt)
     inner = math.prod(shape[1:])
     row = pos // inner if inner else pos
     mine = (row >= start) & (row < start + rows)
@@ -87,11 +128,27 @@ class _Entry(NamedTuple):
     dtype: torch.dtype | None
 
 
-def _whole(name: str, tensor: torch.Tensor, dtype: torch.dtype | None) -> _Entry:
+class Sampled(NamedTuple):
+    """A tensor's plan samples taken as it streamed past (:func:`sample`), in plan order: what the
+    sync check fingerprints of a tensor that is not kept (a LoRA actor's merged weights)."""
+
+    shape: Shape
+    values: torch.Tensor
+    salt: int
+
+
+def sample(name: str, tensor: torch.Tensor, salt: int = 0) -> Sampled:
+    """The plan's samples of a full ``tensor`` (a copy of ``SAMPLES`` elements, on its device)."""
+    shape = tuple(tensor.shape)
+    with torch.no_grad():
+        return Sampled(shape, torch.take(tensor.detach(), _positions(name, shape, tensor.device, salt)), salt)
+
+
+def _whole(name: str, tensor: torch.Tensor, dtype: torch.dtype | None, salt: int = 0) -> _Entry:
     """The entry of a plain tensor: all of its plan's samples."""
     shape = tuple(tensor.shape)
-    _, w = sample_plan(name, shape)
-    return _Entry(tensor, _positions(name, shape, tensor.device), _ALL, w, dtype)
+    w = _base_plan(name, shape, SAMPLES)[1]  # the weights do not depend on the salt
+    return _Entry(tensor, _positions(name, shape, tensor.device, salt), _ALL, w, dtype)
 
 
 def _sums(entries: Sequence[_Entry]) -> torch.Tensor:
@@ -120,10 +177,10 @@ def _sums(entries: Sequence[_Entry]) -> torch.Tensor:
     return torch.stack([(x * weights).sum(1), (x.abs() * weights).sum(1)], dim=1)
 
 
-def checksum(name: str, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> Checksum:
+def checksum(name: str, tensor: torch.Tensor, dtype: torch.dtype | None = None, salt: int = 0) -> Checksum:
     """Fingerprint of a full tensor (any device, any strides), its elements cast to ``dtype``."""
     with torch.no_grad():
-        s, a = _sums([_whole(name, tensor, dtype)])[0].tolist()
+        s, a = _sums([_whole(name, tensor, dtype, salt)])[0].tolist()
     return s, a
 
 
@@ -144,28 +201,36 @@ def _rows_of_shard(param, global_shape: Shape) -> int:
     return start
 
 
-def _partial(name: str, param: torch.Tensor, dtype: torch.dtype | None) -> _Entry:
+def _partial(name: str, param: torch.Tensor | Sampled, dtype: torch.dtype | None, salt: int) -> _Entry:
     """This rank's share of the fingerprint of ``param`` (all of it for a plain tensor)."""
+    if isinstance(param, Sampled):
+        if param.salt != salt:
+            raise ValueError(f"{name}: sampled for salt {param.salt}, fingerprinted with salt {salt}")
+        n = param.values.numel()
+        weights = _base_plan(name, tuple(param.shape), SAMPLES)[1]
+        return _Entry(param.values, torch.arange(n, device=param.values.device), _ALL[:n], weights, dtype)
     if not hasattr(param, "to_local"):
-        return _whole(name, param, dtype)
+        return _whole(name, param, dtype, salt)
     shape = tuple(param.shape)
     start = _rows_of_shard(param, shape)
     local = param.to_local()
-    positions, index = _shard_positions(name, shape, start, local.shape[0], local.device)
-    return _Entry(local, positions, index, sample_plan(name, shape)[1], dtype)
+    positions, index = _shard_positions(name, shape, start, local.shape[0], local.device, salt)
+    return _Entry(local, positions, index, _base_plan(name, shape, SAMPLES)[1], dtype)
 
 
 def fingerprint_params(
-    named: Iterable[tuple[str, torch.Tensor]],
+    named: Iterable[tuple[str, torch.Tensor | Sampled]],
     dtypes: Mapping[str, torch.dtype | None] | None = None,
     *,
     device: torch.device | str = "cpu",
     group=None,
+    salt: int = 0,
 ) -> dict[str, Checksum]:
-    """Fingerprints of a model's parameters as they are held: plain tensors or ``Shard(0)``
-    DTensors (FSDP2). Every rank of a sharded model must call this with the same names; the
-    per-rank partial sums cross in one all-reduce of ``2 x n_tensors`` float64 on ``device``.
-    ``dtypes[name]`` is the dtype to compare in (the rollout copy's), ``None`` as stored.
+    """Fingerprints of a model's parameters as they are held: plain tensors, ``Shard(0)``
+    DTensors (FSDP2) or :class:`Sampled` (taken with the same ``salt``). Every rank of a sharded
+    model must call this with the same names; the per-rank partial sums cross in one all-reduce of
+    ``2 x n_tensors`` float64 on ``device``. ``dtypes[name]`` is the dtype to compare in (the
+    rollout copy's), ``None`` as stored.
     """
     dtypes = dtypes or {}
     names: list[str] = []
@@ -175,7 +240,7 @@ def fingerprint_params(
         for name, param in named:
             sharded = sharded or hasattr(param, "to_local")
             names.append(name)
-            entries.append(_partial(name, param, dtypes.get(name)))
+            entries.append(_partial(name, param, dtypes.get(name), salt))
         if not entries:
             return {}
         table = _sums(entries)
@@ -189,7 +254,7 @@ def fingerprint_params(
 
 
 def fingerprint_views(
-    spec: Sequence[tuple[str, Shape]], view_of
+    spec: Sequence[tuple[str, Shape]], view_of, salt: int = 0
 ) -> dict[str, tuple[float, float, str] | None]:
     """Rollout-side fingerprints: ``view_of(name, shape)`` returns the engine's tensor for that HF
     name viewed in the HF shape, or None where it cannot; values are ``(sum, abs sum, dtype)``."""
@@ -202,7 +267,7 @@ def fingerprint_views(
             out[name] = None
             if view is not None and tuple(view.shape) == tuple(shape):
                 names.append(name)
-                entries.append(_whole(name, view, None))
+                entries.append(_whole(name, view, None, salt))
         rows = _sums(entries).tolist() if entries else []
     for name, e, (s, a) in zip(names, entries, rows, strict=True):
         out[name] = (s, a, str(e.tensor.dtype).removeprefix("torch."))
@@ -228,39 +293,44 @@ def dtype_named(name: str) -> torch.dtype:
 
 @functools.lru_cache(maxsize=8192)
 def _column_positions(
-    name: str, shape: Shape, start: int, cols: int, device: torch.device
+    name: str, shape: Shape, start: int, cols: int, device: torch.device, salt: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """As :func:`_shard_positions` for a ``Shard(1)`` piece of a 2-D tensor holding global columns
     ``[start, start + cols)`` (a row-parallel weight of tensor parallelism)."""
-    pos, _ = sample_plan(name, shape)
+    pos, _ = sample_plan(name, shape, salt=salt)
     width = shape[1]
     row, col = pos // width, pos % width
     mine = (col >= start) & (col < start + cols)
     return (row[mine] * cols + col[mine] - start).to(device), mine.nonzero().reshape(-1)
 
 
-def _split_entry(name: str, local: torch.Tensor, split) -> _Entry:
+def _split_entry(name: str, local: torch.Tensor, split, salt: int = 0) -> _Entry:
     """This rank's share of a tensor-parallel piece's fingerprint: ``split`` has ``dim`` (0, or 1 of
     a 2-D tensor), ``start`` (the piece's first global index on it) and ``full`` (the whole shape)."""
     shape = tuple(split.full)
     if split.dim == 0:
-        positions, index = _shard_positions(name, shape, split.start, local.shape[0], local.device)
+        positions, index = _shard_positions(name, shape, split.start, local.shape[0], local.device, salt)
     elif split.dim == 1 and len(shape) == 2:
-        positions, index = _column_positions(name, shape, split.start, local.shape[1], local.device)
+        positions, index = _column_positions(name, shape, split.start, local.shape[1], local.device, salt)
     else:
         raise NotImplementedError(f"fingerprint of {name!r} split on dim {split.dim} of {shape}")
-    return _Entry(local, positions, index, sample_plan(name, shape)[1], None)
+    return _Entry(local, positions, index, sample_plan(name, shape, salt=salt)[1], None)
 
 
 def fingerprint_sharded(
-    spec: Sequence[tuple[str, Shape]], params: Mapping[str, torch.Tensor], splits: Mapping, group
+    spec: Sequence[tuple[str, Shape]],
+    params: Mapping[str, torch.Tensor],
+    splits: Mapping,
+    group,
+    salt: int = 0,
 ) -> dict[str, tuple[float, float, str] | None]:
     """Rollout-side fingerprints of a tensor-parallel model: ``params`` are this rank's tensors
     (pieces where ``splits[name]`` says how the full tensor was split, whole copies elsewhere).
     Each rank reads the plan's samples that fall in its pieces and the partial sums are added over
     the TP ``group`` (one all-reduce), so every rank holds the fingerprint of each whole tensor,
     comparable with the trainer's; a piece one rank failed to update changes the sum every rank of
-    its group reports. Every rank of the group must call this with the same ``spec``."""
+    its group reports. ``salt`` picks the positions, as the trainer's side does. Every rank of the
+    group must call this with the same ``spec`` and ``salt``."""
     out: dict[str, tuple[float, float, str] | None] = {}
     entries: list[tuple[str, _Entry, bool]] = []
     with torch.no_grad():
@@ -272,7 +342,11 @@ def fingerprint_sharded(
             )
             if param is None or held != tuple(shape):
                 continue
-            entry = _split_entry(name, param, split) if split is not None else _whole(name, param, None)
+            entry = (
+                _split_entry(name, param, split, salt)
+                if split is not None
+                else _whole(name, param, None, salt)
+            )
             entries.append((name, entry, split is not None))
         if not entries:
             return out

@@ -39,7 +39,7 @@ from rlctl.engines.optim import LossScale, OptimConfig, build_optimizer
 from rlctl.engines.packing import can_pack
 from rlctl.engines.prefix import length_dependent_rope
 from rlctl.engines.registry import register_engine
-from rlctl.engines.skip_rows import trained_rows
+from rlctl.engines.skip_rows import measure_skipped, skipped_rows, skipped_share, trained_rows
 from rlctl.errors import RunError, UserError
 
 Batch = dict[str, torch.Tensor]
@@ -232,12 +232,18 @@ class FSDPTrainEngine(TrainForwards):
             self.model.reshard()
 
     def _split(
-        self, batch: Batch, what: str, micro_batch_size: int | None = None, fill: Batch | None = None
+        self,
+        batch: Batch,
+        what: str,
+        micro_batch_size: int | None = None,
+        fill: Batch | None = None,
+        at_least: int = 1,
     ) -> list[Batch]:
         """Micro-batches; under FSDP every rank must run the same number (each forward is a
         collective), so a mismatch is a RunError instead of a hang. With ``fill`` (a row that adds
-        nothing) ranks with fewer run it until the counts agree, and at least once, so gradients
-        are zeros where nothing is trained (AdamW then steps as it would on the full batch)."""
+        nothing) ranks with fewer run it until the counts agree, and at least ``at_least`` times,
+        so gradients are zeros where nothing is trained (AdamW then steps as it would on the full
+        batch)."""
         parts = split_batch(batch, micro_batch_size or self.rows_per_micro_batch(batch))
         most = len(parts)
         if self.distributed:
@@ -250,7 +256,7 @@ class FSDPTrainEngine(TrainForwards):
                     f"{int(counts[0])} micro-batches; pad the batch so every DP rank gets the same size"
                 )
         if fill is not None:
-            parts += [fill] * (max(1, most) - len(parts))
+            parts += [fill] * (max(at_least, most) - len(parts))
         return parts
 
     def rows_per_micro_batch(self, batch: Batch) -> int:
@@ -286,14 +292,24 @@ class FSDPTrainEngine(TrainForwards):
         or its gradient (:func:`rlctl.engines.skip_rows.trained_rows`): they count in the loss's
         totals but are not forwarded; ``zero_grad_row_frac`` reports their fraction,
         ``forwarded_token_frac`` the share of the batch's real tokens the forwards computed (fill
-        rows included; what ``bench step`` counts as the update's FLOPs), and the loss's metrics
-        then cover the trained rows.
+        rows included; what ``bench step`` counts as the update's FLOPs). The loss's metrics
+        stay the whole batch's: the skipped rows run a forward without grad for them
+        (``metrics_token_frac``: its share of the batch's tokens; :mod:`rlctl.engines.skip_rows`).
         """
         self._set_training(True)
         scale = self._loss_scale(batch)
         self.optimizer.zero_grad(set_to_none=True)
         parts = BatchMetrics()
+        parts.add({"zero_grad_row_frac": skipped_share(batch, skip_rows)})
         trained, fill = trained_rows(batch, skip_rows)
+        skipped = skipped_rows(batch, skip_rows)
+        measured = 0.0
+        if skipped is not None:  # every rank alike: the rule that marks rows is the same everywhere
+            micro = self._split(skipped, "train_batch metrics", fill=fill, at_least=0)
+            measured = measure_skipped(
+                micro, self._forward, loss_fn, scale, parts, self.device, temperature, with_entropy
+            )
+            self._reshard()
         forwarded = 0.0
         for mb in self._split(trained, "train_batch", fill=fill):
             forwarded += float(mb["attention_mask"].sum())
@@ -322,8 +338,8 @@ class FSDPTrainEngine(TrainForwards):
             self.global_step += 1
         out = results(self.metric_parts)
         out.update(grad_norm=grad_norm, lr=lr, skipped=float(skipped))
-        out["zero_grad_row_frac"] = 1.0 - len(trained["response_mask"]) / max(1, len(batch["response_mask"]))
         out["forwarded_token_frac"] = forwarded / max(1.0, float(batch["attention_mask"].sum()))
+        out["metrics_token_frac"] = measured / max(1.0, float(batch["attention_mask"].sum()))
         if self.loss_scaler:
             out["loss_scale"] = self.loss_scaler.scale
             self.loss_scaler.update(found_inf=skipped)

@@ -303,15 +303,16 @@ class HFRolloutEngine:
         return count
 
     def weight_fingerprint(
-        self, spec: Sequence[tuple[str, tuple[int, ...]]]
+        self, spec: Sequence[tuple[str, tuple[int, ...]]], salt: int = 0
     ) -> dict[str, tuple[float, float, str] | None]:
-        """Fingerprints (:mod:`rlctl.engines.fingerprint`) of the HF-named tensors in ``spec``, read
-        from the model's own parameters; None for a name the model lacks or holds in another shape."""
+        """Fingerprints (:mod:`rlctl.engines.fingerprint`) of the HF-named tensors in ``spec`` at
+        the positions of ``salt``, read from the model's own parameters; None for a name the model
+        lacks or holds in another shape."""
         if self.tp > 1:  # each rank reads its shards; the TP group adds them up (a collective)
             params = dict(self.model.named_parameters(remove_duplicate=False))
-            return fingerprint_sharded(spec, params, self.tp_splits, self.tp_group)
+            return fingerprint_sharded(spec, params, self.tp_splits, self.tp_group, salt)
         params = self._named_tensors()
-        return fingerprint_views(spec, lambda name, shape: params.get(name))
+        return fingerprint_views(spec, lambda name, shape: params.get(name), salt)
 
     def log_prob_gap(self, *, temperature: float, top_p: float, top_k: int) -> str | None:
         """Always exact: ``rollout_log_probs`` are ``log_softmax(logits / T)`` before truncation."""

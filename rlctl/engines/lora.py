@@ -68,13 +68,43 @@ def inject(model: nn.Module, spec: LoraSpec, *, on_meta: bool = False) -> nn.Mod
     from peft.tuners.lora import LoraModel
 
     where = f"actor.lora.target_modules = {list(spec.target_modules)}"
+    if spec.dropout > 0:  # rlctl.profile.lora_checks says why
+        raise UserError(
+            f"actor.lora.dropout = {spec.dropout}: not supported (the old log-probs and the update "
+            "would see different dropout); set 0"
+        )
+    _refuse_tied_saved(model, spec)
     try:
         LoraModel(model, spec.peft_config(), ADAPTER, low_cpu_mem_usage=on_meta)
     except ValueError as exc:  # peft: no module matched, or a module type it cannot adapt
         raise UserError(f"{where}: {str(exc).splitlines()[0]}") from None
     if not any(is_adapter(n) for n, _ in model.named_parameters()):
         raise UserError(f"{where} matched no module of {type(model).__name__}")
+    from peft.tuners.lora.layer import Embedding
+
+    embedded = [n for n, m in model.named_modules() if isinstance(m, Embedding)]
+    if embedded:
+        raise UserError(
+            f"{where}: {embedded[0]!r} is an embedding layer; its LoRA (lora_embedding_A/B) is not "
+            "merged into the merged export or a merged-weights sync: train it with "
+            "actor.lora.modules_to_save, or adapt linear projections only"
+        )
     return model
+
+
+def _refuse_tied_saved(model: nn.Module, spec: LoraSpec) -> None:
+    """UserError where ``modules_to_save`` names one half of a tied input/output embedding: its
+    trained copy would sync and export as the pair (peft's wrapper fails on it, or is wrong)."""
+    if not spec.modules_to_save or not getattr(model.config, "tie_word_embeddings", False):
+        return
+    halves = {id(model.get_input_embeddings()), id(model.get_output_embeddings())}
+    for name, module in model.named_modules():
+        if id(module) in halves and any(name == t or name.endswith(f".{t}") for t in spec.modules_to_save):
+            raise UserError(
+                f"actor.lora.modules_to_save = {list(spec.modules_to_save)}: {name!r} is one half of "
+                f"{type(model).__name__}'s tied input/output embedding; a trained copy of one half "
+                "cannot be synced or exported as the pair"
+            )
 
 
 def is_adapter(name: str) -> bool:
@@ -140,14 +170,21 @@ def copy_saved_modules(model: nn.Module) -> None:
 
 
 def lora_layers(model: nn.Module) -> list[nn.Module]:
+    """Every module that carries adapter state: peft's LoRA layers (``BaseTunerLayer``) and its
+    ``modules_to_save`` wrappers (``AuxiliaryTrainingWrapper``), the set peft's own
+    ``disable_adapter()`` switches (peft 0.21, ``tuners/tuners_utils.py``,
+    ``BaseTuner._enable_adapter_layers``)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import AuxiliaryTrainingWrapper
 
-    return [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    return [m for m in model.modules() if isinstance(m, BaseTunerLayer | AuxiliaryTrainingWrapper)]
 
 
 @contextmanager
 def adapter_disabled(model: nn.Module) -> Iterator[None]:
-    """The base model's forward (the reference policy): every adapter layer off, then on again."""
+    """The base model's forward (the reference policy): every adapter layer and every
+    ``modules_to_save`` copy off (the original module computes), then on again. peft's wrapper
+    clears its copy's ``requires_grad`` while off and sets it again when switched on."""
     layers = lora_layers(model)
     for layer in layers:
         layer.enable_adapters(False)

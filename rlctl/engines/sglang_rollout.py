@@ -298,7 +298,7 @@ class SGLangRolloutEngine:
             _checked(self.engine.end_weight_update(), "end_weight_update")
         return count
 
-    def weight_fingerprint(self, spec: Sequence[tuple[str, tuple[int, ...]]]) -> None:
+    def weight_fingerprint(self, spec: Sequence[tuple[str, tuple[int, ...]]], salt: int = 0) -> None:
         """None: SGLang offers no cheap read of its weights, so the sync check is not available.
 
         ``Engine.get_weights_by_name(name, truncate_size)`` (0.5.3 and 0.5.23,

@@ -88,17 +88,17 @@ class RlctlWorkerExtension:
         return len(weights)
 
     def rlctl_weight_fingerprint(
-        self, spec: list[tuple[str, tuple[int, ...]]]
+        self, spec: list[tuple[str, tuple[int, ...]]], salt: int = 0
     ) -> dict[str, tuple[float, float, str] | None]:
-        """Fingerprints of HF-named tensors read from the worker's model (see :func:`vllm_view`);
-        all None for a model class whose layout is not known (:mod:`.weight_layouts`)."""
+        """Fingerprints at ``salt``'s positions of HF-named tensors read from the worker's model
+        (:func:`vllm_view`); all None for a model class whose layout is unknown (``weight_layouts``)."""
         model = self.rlctl_model()
         if fingerprint_unavailable(type(model).__name__) is not None:
             return {name: None for name, _ in spec}
         params = dict(model.named_parameters(remove_duplicate=False))
         # a LoRA actor's names (``base_layer``, ``modules_to_save``) read the base's tensor; the
         # fingerprint itself is keyed by the name given, as the trainer's side is
-        return fingerprint_views(spec, lambda name, shape: vllm_view(model, params, base_name(name), shape))
+        return fingerprint_views(spec, lambda n, shape: vllm_view(model, params, base_name(n), shape), salt)
 
 
 def vllm_view(model, params: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]):
@@ -372,9 +372,9 @@ class VLLMRolloutEngine:
         return count
 
     def weight_fingerprint(
-        self, spec: Sequence[tuple[str, tuple[int, ...]]]
+        self, spec: Sequence[tuple[str, tuple[int, ...]]], salt: int = 0
     ) -> dict[str, tuple[float, float, str] | None]:
-        """Fingerprints of the HF-named tensors in ``spec``, computed inside the vLLM worker over
+        """Fingerprints of the HF-named tensors in ``spec`` at ``salt``'s positions, computed inside the vLLM worker over
         ``model_runner.model.named_parameters()`` (:meth:`RlctlWorkerExtension.rlctl_weight_fingerprint`).
         Built with ``lora``: trainer names map to the base's, the adapter tensors (held in vLLM's
         private LoRA manager) and the replaced originals of ``modules_to_save`` are None."""
@@ -383,7 +383,7 @@ class VLLMRolloutEngine:
             for name, shape in spec
             if self.lora is None or (not is_adapter(name) and ".original_module." not in name)
         ]
-        results = self.llm.collective_rpc("rlctl_weight_fingerprint", args=(asked,))
+        results = self.llm.collective_rpc("rlctl_weight_fingerprint", args=(asked, salt))
         if not results:
             raise RunError("vLLM collective_rpc('rlctl_weight_fingerprint') returned no result")
         return {name: results[0].get(name) for name, _ in spec}

@@ -35,6 +35,10 @@ def check_profile(profile: Profile, origins: dict[str, Path]) -> None:
         )
     _check_rollout_tp(profile, fail)
     _check_shapes(profile, fail)
+    if profile.actor.lora is not None:
+        from rlctl.profile.lora_checks import check_lora
+
+        check_lora(profile.actor.lora, profile.model.path, fail)
     reward = profile.reward
     if reward.kind == "custom" and ":" not in reward.function:
         fail("reward.function", f"expected 'path/to/file.py:function_name', got {reward.function!r}")

@@ -113,14 +113,23 @@ class LoraSection:
 
     rank: int = field(16, "LoRA rank r of every adapted projection.", ge=1)
     alpha: float = field(32.0, "LoRA alpha; the update is scaled by alpha / rank.", gt=0)
-    dropout: float = field(0.0, "Dropout on the adapter's input (training forward only).", ge=0, lt=1)
+    dropout: float = field(
+        0.0,
+        "Dropout on the adapter's input. Only 0 is accepted: with dropout the old log-probs (no "
+        "dropout) and the update would differ and its RNG is not checkpointed.",
+        ge=0,
+        lt=1,
+    )
     target_modules: list[str] = field(
         ["all-linear"],
         "Modules to adapt, by name suffix (peft's target_modules), or ['all-linear'] for every linear "
-        "projection except the output head.",
+        "projection except the output head. Embedding layers are refused (train them in full with "
+        "modules_to_save).",
     )
     modules_to_save: list[str] = field(
-        [], "Modules trained in full beside the adapter (peft's modules_to_save), e.g. ['lm_head']."
+        [],
+        "Modules trained in full beside the adapter (peft's modules_to_save), e.g. ['lm_head'] of a "
+        "model whose embeddings are not tied (a tied half is refused).",
     )
     export_merged: bool = field(
         False, "Also export the base with the adapter merged in (RUN_DIR/hf/merged, plain transformers)."
@@ -157,11 +166,13 @@ class ActorSection:
     activation_checkpointing: bool = field(False, "Recompute activations in backward.")
     skip_zero_advantage: bool = field(
         True,
-        "Leave out of the update's forward and backward the sequences whose advantage is 0 at every "
-        "token (a GRPO/RLOO group whose responses all scored the same): with a built-in policy loss, "
-        "no entropy bonus and no KL loss they add exactly nothing to the gradient, and they still count "
-        "in the loss's normalisation, so the update is the same. actor/zero_grad_row_frac is their "
-        "share; actor/entropy and the other loss metrics then cover the trained sequences.",
+        "Leave out of the update's backward the sequences whose advantage is 0 at every token (a "
+        "GRPO/RLOO group whose responses all scored the same): with a policy loss registered as "
+        "advantage-linear (the built-ins), no entropy bonus and no KL loss they add exactly nothing "
+        "to the gradient, and they still count in the loss's normalisation, so the update is the "
+        "same. They run one forward without grad so that actor/pg_loss, actor/entropy and the other "
+        "loss metrics stay the whole batch's. actor/zero_grad_row_frac is their share of the "
+        "sequences with loss tokens.",
     )
     param_offload: bool = field(False, "Offload parameters to CPU between stages (accelerators).")
     optimizer_offload: bool = field(False, "Offload optimizer state to CPU between stages (accelerators).")

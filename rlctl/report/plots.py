@@ -142,7 +142,9 @@ def _single(
 
 
 def plot_kl(records: Sequence[Record], run: str) -> Figure | None:
-    return _single(records, "actor/kl", "KL to reference", "KL", "tab:purple", run)
+    """The KL loss's value (``actor/kl_loss``), else the in-reward penalty's KL."""
+    key = "actor/kl_loss" if series(records, "actor/kl_loss")[0] else "actor/reward_kl_penalty"
+    return _single(records, key, "KL to reference", "KL", "tab:purple", run)
 
 
 def plot_entropy(records: Sequence[Record], run: str) -> Figure | None:

@@ -220,3 +220,21 @@ def test_masked_helpers_accept_verl_axis_keyword() -> None:
     assert masked_sum(x, m, axis=-1).tolist() == [1.0, 12.0]
     torch.testing.assert_close(masked_mean(x, m, axis=-1), torch.tensor([1.0, 6.0]))
     torch.testing.assert_close(masked_mean(x, m), torch.tensor(13.0 / 3))
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo", "gpg"])
+@pytest.mark.parametrize("value", [0.7, 0.1, 1 / 3, -2.3])
+def test_equal_rewards_not_exactly_representable_give_exactly_zero(name: str, value: float) -> None:
+    """Sixteen equal scores that float32 cannot hold exactly: rounding in the group mean must not
+    turn into an advantage (verl's float32 mean gives |adv| up to 0.056 for sixteen 0.7s)."""
+    rewards, mask = _outcome([value] * 16 + [1.0, 0.0], [3] * 18)
+    index = np.array(["g"] * 16 + ["h", "h"], dtype=object)
+    adv, _ = get_adv_estimator(name)(token_level_rewards=rewards, response_mask=mask, index=index)
+    assert torch.equal(adv[:16], torch.zeros_like(adv[:16]))
+    assert adv[16:].abs().sum() > 0
+
+
+def test_group_stats_of_equal_scores_are_exact() -> None:
+    scores = torch.full((16,), 0.7)
+    mean, std, count = group_stats(scores, ["g"] * 16)
+    assert torch.equal(mean, scores) and torch.equal(std, torch.zeros(16)) and count[0] == 16

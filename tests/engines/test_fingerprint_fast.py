@@ -155,3 +155,36 @@ def test_shard_partials_add_up_to_the_full_tensor(rows, inner, world, dtype, tar
     ref = _reference("w", full, target)
     assert abs(total[0] - ref[0]) <= RTOL * ref[1] + 1e-300
     assert same(total, ref)
+
+
+def test_positions_vary_per_sync_so_a_stale_region_is_caught_at_the_stated_rate():
+    """A stale 1% region of a tensor: each salted sync reads it with probability
+    1 - 0.99^64 = 0.47, independently; fixed positions would miss it at every sync or none."""
+    from rlctl.engines.fingerprint import detection_probability
+
+    g = torch.Generator().manual_seed(0)
+    master = torch.randn(100, 100, generator=g)
+    stale = master.clone()
+    stale.view(-1)[4000:4100] += 1.0  # 1% of the elements, one contiguous region
+    names = [f"layer{i}.w" for i in range(8)]  # the rate is an average over tensors' plans
+    caught = [
+        not same(checksum(n, master, salt=s), checksum(n, stale, salt=s)) for s in range(1, 101) for n in names
+    ]
+    p = detection_probability(0.01)
+    assert p == pytest.approx(1 - 0.99**64)
+    rate = sum(caught) / len(caught)
+    assert abs(rate - p) < 4 * (p * (1 - p) / len(caught)) ** 0.5, rate  # binomial, 4 sigma
+    runs = [all(not c for c in caught[i : i + 10]) for i in range(0, 800, 10)]
+    assert sum(runs) / len(runs) < 0.05  # ten syncs in a row miss it with probability 0.0017
+    assert detection_probability(0.01, syncs=10) == pytest.approx(1 - 0.99**640)
+    assert sample_plan("w", (100, 100), salt=1)[0].tolist() != sample_plan("w", (100, 100), salt=2)[0].tolist()
+
+
+def test_a_sampled_tensor_fingerprints_as_the_tensor_itself():
+    from rlctl.engines.fingerprint import sample
+
+    w = torch.randn(40, 24)
+    got = fingerprint_params([("w", sample("w", w, salt=5))], {"w": torch.bfloat16}, salt=5)
+    assert got["w"] == checksum("w", w, torch.bfloat16, salt=5)
+    with pytest.raises(ValueError, match="salt"):
+        fingerprint_params([("w", sample("w", w, salt=5))], salt=6)

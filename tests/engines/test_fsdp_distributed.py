@@ -285,5 +285,5 @@ def test_rows_with_zero_gradient_are_skipped_and_the_step_is_the_same(runs, worl
         for name, p in r["skip_False_step2"].items():
             assert (r["skip_True_step2"][name] - p).abs().max() <= 1e-4, name
             assert (p - full[name]).abs().max() > 0 or name.endswith("norm.weight"), name
-    assert sum(r["skip_True_frac"] for r in out[world]) / world == 0.5
+    assert all(r["skip_True_frac"] == 0.5 for r in out[world])  # the batch's share, on every rank
     assert all(r["skip_False_frac"] == 0.0 for r in out[world])

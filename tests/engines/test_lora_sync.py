@@ -34,16 +34,19 @@ def _logits(rollout, batch) -> torch.Tensor:
 def test_merged_sync_equals_adapter_sync(trained):
     from rlctl.engines.hf_rollout import HFRolloutEngine
     from rlctl.trainer.state.fingerprint import SyncCheck
-    from rlctl.trainer.workers.weight_streams import MERGED_CHECKED, ByteCount, merged_stream, model_bytes
+    from rlctl.trainer.workers.weight_streams import ByteCount, merged_stream, model_bytes
 
     model_dir, spec, engine = trained
     adapter_side = HFRolloutEngine(model_dir, lora=spec)
     adapter_bytes = ByteCount()
     adapter_side.update_weights(adapter_bytes(engine.export_adapter()))
     plain = HFRolloutEngine(model_dir)  # no adapter layers: what an engine without an adapter API holds
-    checked: dict[str, torch.Tensor] = {}
+    checked: dict = {}
     merged_bytes = ByteCount()
-    count = plain.update_weights(merged_bytes(merged_stream(engine, spec, checked)))
+    check = SyncCheck()
+    salt = check.next_salt(plain)
+    assert salt == 1
+    count = plain.update_weights(merged_bytes(merged_stream(engine, spec, checked, salt)))
     assert count == len(dict(plain.model.named_parameters()))  # every base tensor, under HF names
     assert merged_bytes.bytes == model_bytes(engine.model)
     assert adapter_bytes.bytes < 0.2 * merged_bytes.bytes
@@ -54,16 +57,37 @@ def test_merged_sync_equals_adapter_sync(trained):
     base_engine = HFRolloutEngine(model_dir)
     assert (base - merged).abs().max() > 1e-3
 
-    # the sync check fingerprints the sampled merged weights against the engine's
-    assert len(checked) == MERGED_CHECKED and all(".base_layer" not in n for n in checked)
-    check = SyncCheck()
+    # the sync check fingerprints samples of every merged tensor sent against the engine's
+    assert len(checked) == count and all(".base_layer" not in n for n in checked)
     assert check.after_sync(engine.model, plain, device="cpu", params=list(checked.items()))[
         "sync/fingerprint_ok"
     ] == 1.0
     from rlctl.errors import RunError
 
+    checked = {}
+    for _ in merged_stream(engine, spec, checked, check.next_salt(base_engine)):
+        pass
     with pytest.raises(RunError, match="differs from the trainer's"):  # a base-only copy is caught
         check.after_sync(engine.model, base_engine, device="cpu", params=list(checked.items()))
+
+
+@pytest.mark.parametrize("never", ["model.layers.1.mlp.down_proj.weight", "model.norm.weight"])
+def test_merged_sync_missing_one_tensor_fails_the_check(trained, never):
+    """Any one tensor of the merged stream left out (an adapted projection, or a tensor the adapter
+    does not touch after an earlier sync moved it) fails the check; a check of three tensors passed."""
+    from rlctl.engines.hf_rollout import HFRolloutEngine
+    from rlctl.errors import RunError
+    from rlctl.trainer.state.fingerprint import SyncCheck, without
+    from rlctl.trainer.workers.weight_streams import merged_stream
+
+    model_dir, spec, engine = trained
+    plain = HFRolloutEngine(model_dir)
+    with torch.no_grad():  # the copy holds something else there (as a stale tensor would)
+        plain.model.get_parameter(never).mul_(1.5)
+    check, checked = SyncCheck(), {}
+    plain.update_weights(without(merged_stream(engine, spec, checked, check.next_salt(plain)), never))
+    with pytest.raises(RunError, match=never.replace(".", r"\.")):
+        check.after_sync(engine.model, plain, device="cpu", params=list(checked.items()))
 
 
 def test_target_modules_that_match_nothing_are_refused(trained):

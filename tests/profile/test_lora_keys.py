@@ -54,3 +54,33 @@ def test_set_creates_the_table(tmp_path):
     p = load_profile(path, ["actor.lora.rank=8", "actor.lora.target_modules=['q_proj','v_proj']"])
     assert p.actor.lora.rank == 8 and p.actor.lora.target_modules == ["q_proj", "v_proj"]
     assert load_profile(path).actor.lora is None
+
+
+def _model_dir(tmp_path: Path, tie: bool) -> Path:
+    d = tmp_path / ("tied" if tie else "untied")
+    d.mkdir()
+    (d / "config.json").write_text(f'{{"model_type": "qwen2", "tie_word_embeddings": {str(tie).lower()}}}')
+    return d
+
+
+@pytest.mark.parametrize(
+    ("tie", "lora", "key", "why"),
+    [
+        (False, "dropout = 0.05", "actor.lora.dropout", "PPO's clipping would act on dropout noise"),
+        (False, "target_modules = ['q_proj', 'embed_tokens']", "actor.lora.target_modules", "embedding layer"),
+        (True, "modules_to_save = ['lm_head']", "actor.lora.modules_to_save", "tied input/output embedding"),
+        (True, "modules_to_save = ['embed_tokens']", "actor.lora.modules_to_save", "tied input/output embedding"),
+    ],
+)
+def test_lora_settings_that_cannot_be_exact_are_refused_at_profile_check(tmp_path, tie, lora, key, why):
+    path = tmp_path / "p.toml"
+    path.write_text(f'[model]\npath = "{_model_dir(tmp_path, tie)}"\n[actor.lora]\n{lora}\n')
+    with pytest.raises(UserError) as err:
+        load_profile(path)
+    assert str(err.value).startswith(f"{path}: {key}: ") and why in str(err.value)
+
+
+def test_saving_lm_head_of_an_untied_model_passes_the_check(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(f'[model]\npath = "{_model_dir(tmp_path, False)}"\n[actor.lora]\nmodules_to_save = ["lm_head"]\n')
+    assert load_profile(path).actor.lora.modules_to_save == ["lm_head"]

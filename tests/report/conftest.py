@@ -36,7 +36,7 @@ def write_run(run_dir: Path, steps: int = 120, val_every: int = 10, seed: int = 
             "response_length/mean": 4 + rng.random(),
             "response_length/max": 8,
             "response_length/clip_ratio": max(0.0, 0.2 - 0.2 * progress),
-            "actor/kl": 0.01 * progress + rng.random() * 1e-3,
+            "actor/kl_loss": 0.01 * progress + rng.random() * 1e-3,
             "actor/entropy": 1.5 - progress + rng.random() * 0.05,
             "actor/pg_clipfrac": 0.01,
             "actor/grad_norm": 1.0 + rng.random(),

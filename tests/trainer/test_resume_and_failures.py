@@ -143,3 +143,22 @@ def test_a_stop_signal_finishes_the_step_saves_and_resumes_exactly(write_profile
         assert_same_logged_values(
             resumed, by_step(metrics(tmp_path / "runs/never-stopped")), range(stopped_at + 3)
         )
+
+
+@pytest.mark.timeout(600)
+def test_one_step_off_stopped_by_max_steps_resumes_on_one_step_stale_samples(write_profile, tmp_path):
+    """A run stopped with --max-steps keeps the batch generated one update stale in its last
+    checkpoint, so the resumed run trains what the uninterrupted run trains (it used to train its
+    first resumed step on fresh samples)."""
+    mode_line = 'mode = "one_step_off"\n'
+    full = write_profile("full", steps=4, extra=mode_line)
+    split = write_profile("split", steps=4, extra=mode_line)
+    for profile, extra in ((full, ()), (split, ("--max-steps", "2")), (split, ("--resume", "auto"))):
+        proc = rlctl("train", str(profile), *extra)
+        _, err = proc.communicate(timeout=500)
+        assert proc.returncode == 0, err
+    assert (tmp_path / "runs/split/checkpoints/step_000002/pending").is_dir()
+    resumed, full_steps = by_step(metrics(tmp_path / "runs/split")), by_step(metrics(tmp_path / "runs/full"))
+    assert sorted(resumed) == list(range(5))
+    assert resumed[3]["rollout/weight_version"] == 2  # one update stale, as in the full run
+    assert_same_logged_values(resumed, full_steps, range(5))

@@ -247,9 +247,9 @@ class AiterShuffledMoeRollout(HFRolloutEngine):
 
             experts.forward = kernel
 
-    def weight_fingerprint(self, spec):
+    def weight_fingerprint(self, spec, salt=0):
         """As vLLM's worker answers for a layout rlctl does not know (``weight_layouts``): None."""
-        out = super().weight_fingerprint(spec)
+        out = super().weight_fingerprint(spec, salt)
         return {name: (None if ".experts." in name else value) for name, value in out.items()}
 
 
@@ -290,3 +290,62 @@ def test_the_canary_catches_experts_left_in_the_wrong_layout_after_a_sync(tiny_m
         check.after_sync(actor.model, rollout, device="cpu", actor=actor)
     # the fingerprint alone cannot tell: the experts are "not available" (-1), the rest matches
     assert SyncCheck().after_sync(actor.model, rollout, device="cpu")["sync/fingerprint_ok"] == -1.0
+
+
+class OneUpdateStaleRollout(HFRolloutEngine):
+    """A test double of an engine one update stale: each ``update_weights`` stores the new tensors
+    (its fingerprint shows them) but every module keeps computing with the weights of the sync
+    before (a snapshot taken before the update)."""
+
+    computes_with_stored_weights = False
+
+    def update_weights(self, weights):
+        snapshot = copy.deepcopy(self.model)
+        count = super().update_weights(weights)
+        old = dict(snapshot.named_modules())
+        for name, module in self.model.named_modules():
+            if any(True for _ in module.parameters(recurse=False)):
+                module.forward = old[name].forward
+        return count
+
+
+def test_frozen_scores_after_an_update_fail_the_differential_check_within_the_bf16_limit():
+    """bf16's limit (about 0.5 nats per token on a 7B model) lets a copy one update stale (0.24)
+    pass the absolute check; the differential one names the engine at the first sync after it."""
+    from rlctl.trainer.state.canary import frozen
+
+    g = torch.Generator().manual_seed(1)
+    tokens = canary_tokens(151_936)
+    n = len(tokens) - 1
+    shape = (28, 3584)  # Qwen2-7B's layers and hidden size
+    v1 = -8 + torch.randn(n, generator=g)
+    v2 = v1 + 0.24 * torch.randn(n, generator=g).sign()  # one update: 0.24 nats per token
+    theirs_v1 = v1 + 0.05 * torch.randn(n, generator=g)
+    assert frozen(theirs_v1, theirs_v1, v2, v1) and not frozen(theirs_v1, theirs_v1, v1, v1)
+    canary = SyncCanary(train_dtype="bfloat16", rollout_dtype="bfloat16")
+    out = canary.compare(theirs_v1, v1, tokens, shape, 1, "VLLMRolloutEngine", vocab_size=151_936)
+    assert "sync/canary_rollout_moved" not in out  # nothing to compare with yet
+    healthy = copy.deepcopy(canary)
+    theirs_v2 = v2 + 0.05 * torch.randn(n, generator=g)
+    ok = healthy.compare(theirs_v2, v2, tokens, shape, 2, "VLLMRolloutEngine", vocab_size=151_936)
+    assert ok["sync/canary_rollout_moved"] > 0.1 and ok["sync/canary_trainer_moved"] == pytest.approx(0.24)
+    assert ok["sync/canary_limit"] > 0.24  # the absolute limit alone passes the stale copy below
+    with pytest.raises(RunError, match=r"VLLMRolloutEngine .*exactly as it did with the previous weights"):
+        canary.compare(theirs_v1, v2, tokens, shape, 2, "VLLMRolloutEngine", vocab_size=151_936)
+
+
+@pytest.mark.timeout(300)
+def test_bf16_run_with_a_rollout_copy_one_update_stale_stops_at_its_first_sync_naming_the_engine(
+    write_profile, tmp_path, rollout_engine_class
+):
+    rollout_engine_class(OneUpdateStaleRollout)
+    profile = write_profile("stale1", steps=3, entropy_coeff=0.01)  # the weights move every step
+    code, _, err = run_cli(
+        "train", str(profile), "--set", "trainer.save_every=0", "--set", "platform.dtype=bfloat16"
+    )
+    assert code == 1, err
+    last = err.strip().splitlines()[-1]
+    for needle in ("step=1", "method=sync_weights", "OneUpdateStaleRollout", "previous weights"):
+        assert needle in last, (needle, last)
+    assert max(by_step(metrics(tmp_path / "runs/stale1"))) == 0
+

@@ -19,7 +19,7 @@ DETERMINISTIC = (
     "actor/entropy",
     "val/accuracy",
     "critic/vf_loss",
-    "actor/kl",
+    "actor/kl_loss",
 )
 
 
@@ -83,7 +83,7 @@ def test_ray_backend_colocated_matches_inprocess(write_profile, tmp_path, ray_se
         code, _, err = run_cli("train", str(p))
         assert code == 0, err
     a, b = by_step(metrics(tmp_path / "runs/on-ray")), by_step(metrics(tmp_path / "runs/in-proc"))
-    assert "actor/kl" in a[2]
+    assert "actor/kl_loss" in a[2] and "actor/kl" not in a[2]
     assert_same_numbers(a, b, [0, 1, 2])
     # the run's plan (RUN_DIR/plan.json) predicts the worker process's peak resident set: the Ray
     # worker holds the actor, its rollout engine and the reference (memory/* are its VmHWM)
@@ -152,9 +152,9 @@ def test_two_fsdp_ranks_on_ray_sync_through_reshard_at_tp2_then_resume_at_tp1(
     ("preset", "expect"),
     [
         ("dapo", "dapo/rounds"),
-        ("rloo", "actor/kl"),
-        ("reinforce_plus_plus", "actor/kl_coef"),
-        ("remax", "actor/kl"),
+        ("rloo", "actor/reward_kl_penalty"),
+        ("reinforce_plus_plus", "actor/reward_kl_penalty_coeff"),
+        ("remax", "actor/reward_kl_penalty"),
         ("dr_grpo", "actor/pg_loss"),
     ],
 )

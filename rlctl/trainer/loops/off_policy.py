@@ -127,7 +127,7 @@ class OffPolicyTrainer(Trainer):
                 self._produce,
                 self._push,
                 first=version + len(ready),
-                last=self.total_steps,
+                last=self._last_batch(),
                 version=version,
                 weights=self._weights(version),
                 max_staleness=self.max_staleness(),
@@ -162,10 +162,17 @@ class OffPolicyTrainer(Trainer):
         super()._write_parts(path)
         save_pending(path, self._unreproducible())
 
+    def _last_batch(self) -> int:
+        """The last batch the rollout thread generates: one_step_off's the profile's last step,
+        even when ``--max-steps`` stops the run earlier, so the checkpoint it ends with holds the
+        next batch, generated one update stale as the uninterrupted run would (a resume cannot
+        generate it again: its weights are gone). The latest mode's: this run's last step."""
+        return self.p.trainer.steps if self.exact else self.total_steps
+
     def _unreproducible(self) -> list[Produced]:
         """one_step_off's next batch, generated with the weights before this step's update (the
         latest mode's batches depend on thread timing anyway: they are generated again)."""
-        if not self.exact or self.pipeline is None or self.step >= self.total_steps:
+        if not self.exact or self.pipeline is None or self.step >= self._last_batch():
             return []
         item = self.pipeline.peek(self.step + 1)
         return [item] if item.version <= self.step else []

@@ -28,9 +28,26 @@ with that distance (seen on an H200 in bfloat16: a healthy run's canary gap rose
 nats by step 46 of the built-in task). So the limit is the parity tolerance times
 ``max(1, mean |trainer log-prob| / ln V)`` (:func:`logit_spread`).
 
+The differential test: a copy one update stale can sit well inside that limit (in bf16 on a 7B
+model the limit is ~0.5 nats per token, a one-update gap ~0.24). So each check keeps both sides'
+scores, and the next version's check asks whether the rollout engine *moved at all* while the
+trainer's scores did: an engine that still computes with the previous weights scores the canary
+exactly as it did at the previous sync (the same weights, the same 128 tokens, the same kernels),
+so identical scores after an update that moved the trainer's fail the sync naming the engine
+(:func:`frozen`). Detection: certain for a deterministic engine (the HF engine; vLLM's and SGLang's
+single-sequence prompt log-probs are expected to be, not yet run on NVIDIA); an engine whose
+scores jitter between identical calls escapes it. False alarm: only where an update changed no
+weight the rollout copy stores (every change below half a bf16 step), which an update that moves
+the trainer's bf16 scores cannot do under FSDP2's bf16 casts. A finer statistic was measured and
+dropped: the share of the trainer's move the rollout engine's scores follow is not a test in bf16
+(on the built-in task, bf16 autocast, a healthy copy followed between -1.7 and 1 of it over 100
+steps: autocast keeps norms and embeddings fp32, whose small changes the bf16 copy rounds away).
+
 Metrics: ``sync/canary_gap_mean`` /
 ``sync/canary_gap_max`` (nats), ``sync/canary_limit`` (the tolerance), ``sync/canary_ok`` (1
-checked; -1 when the engine cannot score a sequence, said once in a warning).
+checked; -1 when the engine cannot score a sequence, said once in a warning),
+``sync/canary_rollout_moved`` and ``sync/canary_trainer_moved`` (mean |change| of each side's
+scores since the previous version, where it was scored).
 
 The off-policy modes' rollout workers (:mod:`rlctl.trainer.workers.rollout`) run it on every
 weight push: the trainer scores the canary when it publishes its weights
@@ -53,9 +70,16 @@ from rlctl.errors import RunError
 from rlctl.log import get_logger
 
 LOGGER = "rlctl.trainer.sync"
-CANARY_LENGTH = 32
+CANARY_LENGTH = 128  # z of the differential test grows as sqrt(length)
 CANARY_SEED = 20_240_607
 SPOT_CHECK_EVERY = 10
+
+
+def frozen(theirs: torch.Tensor, theirs_prev: torch.Tensor, ours: torch.Tensor, ours_prev: torch.Tensor) -> bool:
+    """Whether the rollout engine scored the canary exactly as at the previous version while the
+    trainer's scores moved (module docstring)."""
+    moved = not torch.equal(ours.double().cpu(), ours_prev.double().cpu())
+    return moved and torch.equal(torch.as_tensor(theirs).double().cpu(), theirs_prev.double().cpu())
 
 
 def canary_due(version: int, rollout) -> bool:
@@ -123,6 +147,8 @@ class SyncCanary:
         self.dtypes = (resolve_dtype(train_dtype), resolve_dtype(rollout_dtype))
         self.on_device = on_device
         self.warned = False
+        # (version, the trainer's scores, the rollout engine's) at the last check
+        self.last: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def of_worker(cls, worker) -> SyncCanary | None:
@@ -144,7 +170,9 @@ class SyncCanary:
     def trainer_scores(self, actor) -> tuple[list[int], torch.Tensor]:
         """The canary for ``actor``'s vocabulary and the training engine's log-probs of it (on the
         host). Collective under FSDP: every rank calls it together, with the actor on its device."""
-        tokens = canary_tokens(vocab_size_of(actor.model.config))
+        config = actor.model.config  # a model with fewer positions scores a shorter canary
+        length = min(CANARY_LENGTH, int(getattr(config, "max_position_embeddings", None) or CANARY_LENGTH))
+        tokens = canary_tokens(vocab_size_of(config), length)
         with one_thread_on_cpu(actor.device):
             ours = actor.compute_log_prob(canary_batch(tokens))["log_probs"][0]
         return tokens, ours.detach().cpu()
@@ -189,6 +217,8 @@ class SyncCanary:
         if spread > 1.0:
             tol = tol.scaled(spread, f"{tol.why}; x {spread:.3g}, the canary's logit spread")
         mean, worst = float(gap.mean()), float(gap.max())
+        previous = self.last if self.last is not None and self.last[0] == version - 1 else None
+        self.last = (version, ours.detach().double().cpu(), torch.as_tensor(theirs).double().cpu())
         if not mean <= tol.passes:
             raise RunError(
                 f"{what} {version}: canary: the rollout engine {engine} scores the fixed "
@@ -197,12 +227,25 @@ class SyncCanary:
                 f"{self.rank}); its stored weights may be right, but it computes with others "
                 "(a captured graph or fused copy holding old weights?)"
             )
-        return {
+        out = {
             "sync/canary_ok": 1.0,
             "sync/canary_gap_mean": mean,
             "sync/canary_gap_max": worst,
             "sync/canary_limit": tol.passes,
         }
+        if previous is not None and previous[1].shape == ours.shape:
+            if frozen(theirs, previous[2], ours, previous[1]):
+                raise RunError(
+                    f"{what} {version}: canary: the rollout engine {engine} scores the fixed "
+                    f"{len(tokens)}-token canary exactly as it did with the previous weights, while "
+                    f"the trainer's scores moved (rank {self.rank}), though within the limit "
+                    f"{tol.passes:.3g} ({mean:.4g} nats per token): it computes with weights one "
+                    "update old"
+                )
+            their_move = torch.as_tensor(theirs).double().cpu() - previous[2]
+            out["sync/canary_rollout_moved"] = float(their_move.abs().mean())
+            out["sync/canary_trainer_moved"] = float((ours.double().cpu() - previous[1]).abs().mean())
+        return out
 
     def check(self, actor, rollout, version: int) -> dict[str, float]:
         """``actor`` is the training engine (``compute_log_prob``), ``rollout`` the rollout engine."""

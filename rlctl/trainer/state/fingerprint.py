@@ -7,11 +7,15 @@ looks. The fingerprint (:mod:`rlctl.engines.fingerprint`) is computed on the tra
 as they are held (FSDP2 shards: each rank its own rows, one small all-reduce) cast to the dtype the
 rollout copy stores, and on the rollout engine's own parameters; the first tensor that differs
 fails the step. ``sync/fingerprint_ok`` is 1 (checked, equal), or -1 where the engine cannot be
-read (said once in a warning); a mismatch never returns.
+read (said once in a warning); a mismatch never returns. Each sync reads other positions (the
+sync's count is the fingerprint's salt, where the engine's ``weight_fingerprint`` takes one), so a
+stale region escapes one sync with probability ``(1 - f)^64`` and ``n`` syncs with
+``(1 - f)^(64 n)`` (:func:`rlctl.engines.fingerprint.detection_probability`).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 
@@ -43,6 +47,18 @@ def without(stream, name: str | None):
             yield item
 
 
+def takes_salt(rollout) -> bool:
+    """Whether ``rollout.weight_fingerprint`` accepts a ``salt`` (rlctl's engines do; an engine
+    of one's own written before it is fingerprinted at fixed positions, salt 0)."""
+    read = getattr(rollout, "weight_fingerprint", None)
+    if read is None:
+        return False
+    try:
+        return "salt" in inspect.signature(read).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 class SyncCheck:
     """Compares a rollout engine's weights with the training engine's after each sync."""
 
@@ -51,6 +67,11 @@ class SyncCheck:
         self.version = 0  # syncs so far
         self.warned = False
         self.canary = canary  # a :class:`~.canary.SyncCanary`, run after the fingerprint
+
+    def next_salt(self, rollout) -> int:
+        """The fingerprint salt of the next sync into ``rollout`` (for :func:`~rlctl.engines.
+        fingerprint.sample` taken while its weights stream): its count, or 0 (fixed positions)."""
+        return self.version + 1 if takes_salt(rollout) else 0
 
     def after_sync(
         self, model, rollout, *, device, group=None, actor=None, params=None, what="weight sync"
@@ -61,16 +82,18 @@ class SyncCheck:
 
         ``model`` is the training engine's module (plain or FSDP2), ``rollout`` an engine with
         ``weight_fingerprint(spec)``. Every rank of a sharded model must call this together.
-        ``params``: ``(HF name, full tensor)`` pairs to check instead of the model's own (a LoRA
-        actor's merged weights, sampled, where the engine holds no adapter; the weights a rollout
-        worker was pushed). ``what`` names the sync in errors (``weight sync`` then the count).
+        ``params``: ``(HF name, full tensor or Sampled)`` pairs to check instead of the model's own
+        (a LoRA actor's merged weights, sampled with :meth:`next_salt` as they streamed, where the
+        engine holds no adapter; the weights a rollout worker was pushed). ``what`` names the sync
+        in errors (``weight sync`` then the count).
         """
+        salt = self.next_salt(rollout)
         self.version += 1
         start = time.perf_counter()
         params = list(model.named_parameters()) if params is None else params
         spec = [(name, tuple(p.shape)) for name, p in params]
         read = getattr(rollout, "weight_fingerprint", None)
-        theirs = read(spec) if read is not None else None
+        theirs = (read(spec, salt=salt) if salt else read(spec)) if read is not None else None
         missing = (
             [name for name, _ in spec] if theirs is None else [n for n, _ in spec if theirs.get(n) is None]
         )
@@ -87,7 +110,11 @@ class SyncCheck:
             self.warned = True
         available = {n: v for n, v in (theirs or {}).items() if v is not None}
         dtypes = {n: dtype_named(v[2]) for n, v in available.items()}
-        ours = fingerprint_params(params, dtypes, device=device, group=group) if theirs is not None else {}
+        ours = (
+            fingerprint_params(params, dtypes, device=device, group=group, salt=salt)
+            if theirs is not None
+            else {}
+        )
         for name, _ in spec:
             if name in available and not same(ours[name], available[name]):
                 t, r = ours[name][0], available[name][0]
@@ -146,9 +173,12 @@ def merge_canary_metrics(records: list[dict[str, float]] | None) -> dict[str, fl
     if not records or not all("sync/canary_ok" in r for r in records):
         return {}
     out = {"sync/canary_ok": min(r["sync/canary_ok"] for r in records)}
-    for key in ("sync/canary_gap_mean", "sync/canary_gap_max", "sync/canary_limit", "sync/canary_s"):
+    keys = ("sync/canary_gap_mean", "sync/canary_gap_max", "sync/canary_limit", "sync/canary_s")
+    for key in (*keys, "sync/canary_trainer_moved"):
         if all(key in r for r in records):
             out[key] = max(r[key] for r in records)
+    if all("sync/canary_rollout_moved" in r for r in records):  # the rank that moved least
+        out["sync/canary_rollout_moved"] = min(r["sync/canary_rollout_moved"] for r in records)
     return out
 
 

@@ -115,8 +115,9 @@ def compute_advantages(batch: DataProto, algo, kl_ctrl) -> tuple[DataProto, dict
             kl_ctrl,
             kind=algo.kl_penalty,
         )
-        metrics["actor/kl"] = kl_metrics["reward_kl_penalty"]
-        metrics["actor/kl_coef"] = kl_metrics["reward_kl_penalty_coeff"]
+        # verl's names; the KL loss's own value is actor/kl_loss (one key per quantity)
+        metrics["actor/reward_kl_penalty"] = kl_metrics["reward_kl_penalty"]
+        metrics["actor/reward_kl_penalty_coeff"] = kl_metrics["reward_kl_penalty_coeff"]
     if algo.rollout_correction != "off" and "old_log_probs" in t:
         # Train/inference mismatch correction with the rollout engine's own log-probs (without an
         # old-log-prob pass the actor's loss computes it from the update's own log-probs).

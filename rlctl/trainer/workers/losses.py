@@ -17,6 +17,7 @@ from rlctl.algorithms import (
     actor_loss,
     entropy_loss,
     get_policy_loss,
+    is_advantage_linear,
     kl_loss,
     kl_penalty,
     value_loss,
@@ -113,7 +114,7 @@ def make_actor_loss(spec: ActorLossSpec) -> LossFn:
         kl = None
         if spec.use_kl_loss:
             kl, _ = kl_loss(log_prob, mb["ref_log_probs"], mask, spec.kl_loss_type, spec.loss_agg_mode, **agg)
-            metrics["kl"] = mean_of(
+            metrics["kl_loss"] = mean_of(
                 kl_penalty(log_prob.detach(), mb["ref_log_probs"], spec.kl_loss_type), mask
             )
         total = actor_loss(pg, ent, spec.entropy_coeff, kl, spec.kl_loss_coef)
@@ -127,21 +128,16 @@ def make_actor_loss(spec: ActorLossSpec) -> LossFn:
     return loss_fn
 
 
-# Built-in policy losses whose every token term is its advantage times something finite of that
-# sequence alone (rlctl.algorithms.policy_loss: vanilla/dual-clip, gspo, cispo, gpg): a sequence
-# whose advantage is 0 everywhere adds exactly 0 to the loss and its gradient. A registered loss of
-# one's own is not assumed to be.
-ADVANTAGE_LINEAR_LOSSES = frozenset({"vanilla", "gspo", "cispo", "gpg"})
-
-
 def zero_gradient_rows(spec: ActorLossSpec, mb: Batch) -> torch.Tensor | None:
     """Rows of ``mb`` that add nothing to the actor loss's gradient, for the engine to skip
     (``actor.skip_zero_advantage``): no loss tokens, or an advantage of exactly 0 at every token
-    (a GRPO/RLOO group whose responses all scored the same) where the loss is a built-in policy
-    loss with no entropy bonus and no KL loss. None where nothing may be skipped."""
+    (a GRPO/RLOO group whose responses all scored the same) where the policy loss was registered
+    as advantage-linear (``register_policy_loss(..., advantage_linear=True)``: the built-ins
+    vanilla/dual-clip, gspo, cispo, gpg; never decided by its name) and there is no entropy bonus
+    and no KL loss. None where nothing may be skipped."""
     if not (
         spec.skip_zero_advantage
-        and spec.policy_loss in ADVANTAGE_LINEAR_LOSSES
+        and is_advantage_linear(spec.policy_loss)
         and spec.entropy_coeff == 0
         and not spec.use_kl_loss
     ):

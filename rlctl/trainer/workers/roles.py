@@ -255,7 +255,8 @@ class PolicyWorker(PeakMemory, Worker):
             self.rollout.update_weights(sent(without(self.actor.export_adapter(), skip)))
         elif lora is not None:  # no adapter API in this engine: merged weights
             checked = {}
-            self.rollout.update_weights(sent(without(merged_stream(self.actor, lora, checked), skip)))
+            salt = self._sync_check().next_salt(self.rollout)
+            self.rollout.update_weights(sent(without(merged_stream(self.actor, lora, checked, salt), skip)))
         elif self.world_size == 1:
             self.rollout.update_weights(sent(without(self.actor.export_weights("full"), skip)))
         else:

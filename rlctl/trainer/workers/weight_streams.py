@@ -3,8 +3,8 @@
 A rollout engine whose ``adapter_sync`` is true gets only the adapter tensors (the HF engine
 copies them in place; vLLM and SGLang load them through their LoRA APIs). Any other engine gets the
 base with the adapter merged in (``W + B @ A * alpha / r`` under the base's HF names), the full
-model's bytes, one parameter gathered at a time; :func:`merged_stream` keeps a few merged tensors
-so the sync check can compare them with what the engine then holds.
+model's bytes, one parameter gathered at a time; :func:`merged_stream` keeps 64 sampled elements of
+every merged tensor, so the sync check can compare each of them with what the engine then holds.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from rlctl.engines.fingerprint import Sampled, sample
 from rlctl.engines.lora import ADAPTER, LoraSpec, base_name, is_adapter, scaling
 
 
@@ -31,9 +32,6 @@ class PublishedWeights:
     model_shape: tuple[int, int] | None = None  # (layers, hidden): the canary's tolerance
     canary_vocab: int = 0  # the vocabulary the canary tokens come from (its logit-spread scaling)
     canary_s: float = 0.0  # the trainer side's seconds
-
-
-MERGED_CHECKED = 3  # adapted weights of the merged stream the sync check fingerprints
 
 
 class ByteCount:
@@ -58,10 +56,13 @@ def model_bytes(model: torch.nn.Module) -> int:
     )
 
 
-def merged_stream(actor: Any, spec: LoraSpec, checked: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+def merged_stream(
+    actor: Any, spec: LoraSpec, checked: dict[str, Sampled], salt: int = 0
+) -> Iterator[tuple[str, torch.Tensor]]:
     """The actor's weights under the base's HF names with the adapter merged in (every rank
-    gathers every tensor, as ``export_weights("full")`` does). The first ``MERGED_CHECKED``
-    merged weights are also put in ``checked``."""
+    gathers every tensor, as ``export_weights("full")`` does). Every tensor sent also leaves its
+    fingerprint samples for ``salt`` in ``checked`` (:func:`rlctl.engines.fingerprint.sample`:
+    64 elements each, nothing else kept), so the sync check covers every tensor of the stream."""
     adapter = dict(actor.export_adapter())
     s = scaling(spec)
     for name, tensor in actor.export_weights("full"):
@@ -71,6 +72,5 @@ def merged_stream(actor: Any, spec: LoraSpec, checked: dict[str, torch.Tensor]) 
             module = name.removesuffix(".base_layer.weight")
             a, b = adapter[f"{module}.lora_A.{ADAPTER}.weight"], adapter[f"{module}.lora_B.{ADAPTER}.weight"]
             tensor = (tensor + (b @ a) * s).to(tensor.dtype)
-            if len(checked) < MERGED_CHECKED:
-                checked[base_name(name)] = tensor
+        checked[base_name(name)] = sample(base_name(name), tensor, salt)
         yield base_name(name), tensor
