@@ -151,8 +151,8 @@ def _trainer_sync(job: dict, rank: int, world: int):
 
 
 def trainer_bucket() -> int:
-    """The bucket the loop's sync uses (``rlctl.trainer.workers.roles.SYNC_BUCKET_BYTES``)."""
-    from rlctl.trainer.workers.roles import SYNC_BUCKET_BYTES
+    """The bucket the loop's sync uses (``rlctl.trainer.workers.planned_sync.SYNC_BUCKET_BYTES``)."""
+    from rlctl.trainer.workers.planned_sync import SYNC_BUCKET_BYTES
 
     return SYNC_BUCKET_BYTES
 

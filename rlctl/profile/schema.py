@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlctl.profile.fields import field
+from rlctl.profile.schema_lora import LoraSection
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k2+", "k3+", "low_var_kl+", "abs+")
@@ -108,35 +109,6 @@ class AlgorithmSection:
 
 
 @dataclass
-class LoraSection:
-    """``[actor.lora]``: present = train a LoRA adapter (peft) on a frozen base instead of all weights."""
-
-    rank: int = field(16, "LoRA rank r of every adapted projection.", ge=1)
-    alpha: float = field(32.0, "LoRA alpha; the update is scaled by alpha / rank.", gt=0)
-    dropout: float = field(
-        0.0,
-        "Dropout on the adapter's input. Only 0 is accepted: with dropout the old log-probs (no "
-        "dropout) and the update would differ and its RNG is not checkpointed.",
-        ge=0,
-        lt=1,
-    )
-    target_modules: list[str] = field(
-        ["all-linear"],
-        "Modules to adapt, by name suffix (peft's target_modules), or ['all-linear'] for every linear "
-        "projection except the output head. Embedding layers are refused (train them in full with "
-        "modules_to_save).",
-    )
-    modules_to_save: list[str] = field(
-        [],
-        "Modules trained in full beside the adapter (peft's modules_to_save), e.g. ['lm_head'] of a "
-        "model whose embeddings are not tied (a tied half is refused).",
-    )
-    export_merged: bool = field(
-        False, "Also export the base with the adapter merged in (RUN_DIR/hf/merged, plain transformers)."
-    )
-
-
-@dataclass
 class ActorSection:
     lr: float = field(1e-6, "Learning rate.", gt=0)
     weight_decay: float = field(0.0, "AdamW weight decay.", ge=0)
@@ -194,8 +166,12 @@ class RolloutSection:
     top_p: float = field(1.0, "Nucleus sampling mass.", gt=0, le=1)
     top_k: int = field(0, "Top-k sampling (0 = off).", ge=0)
     max_new_tokens: int = field(64, "Maximum response length in tokens.", ge=1)
-    tensor_parallel: int = field(1, "Rollout tensor-parallel degree: each rollout replica splits the model over this many "
-        "ranks (HF engine, sync mode; vLLM and SGLang run 1 so far).", ge=1)
+    tensor_parallel: int = field(
+        1,
+        "Rollout tensor-parallel degree: each rollout replica splits the model over this many "
+        "ranks (HF engine, sync mode; vLLM and SGLang run 1 so far).",
+        ge=1,
+    )
     gpu_memory_utilization: float = field(
         0.5, "vLLM/SGLang memory fraction (the HF engine reads none; leave it at 0.5).", gt=0, le=1
     )

@@ -21,7 +21,6 @@ from rlctl.dispatch import DataProto, Dispatch, Worker, register
 from rlctl.engines.batch_metrics import BatchMetrics
 from rlctl.engines.numerics import model_shape, vocab_size_of
 from rlctl.engines.registry import get_engine
-from rlctl.reshard import reshard_train_to_rollout
 from rlctl.trainer.plan.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec
 from rlctl.trainer.state.canary import SyncCanary, canary_due
 from rlctl.trainer.state.fingerprint import SyncCheck, without
@@ -29,6 +28,7 @@ from rlctl.trainer.step.minibatch import MINI_BATCH_ROWS, split_mini_batches
 from rlctl.trainer.step.stages import mean_metrics
 from rlctl.trainer.workers.losses import make_actor_loss, make_critic_loss, zero_gradient_rows
 from rlctl.trainer.workers.memory import PeakMemory
+from rlctl.trainer.workers.planned_sync import planned_sync, stored_gib
 from rlctl.trainer.workers.rollout_engines import _model_type, rollout_engine  # noqa: F401  (re-exported)
 from rlctl.trainer.workers.sampling import _pad_responses, sample_rows  # noqa: F401  (re-exported)
 from rlctl.trainer.workers.weight_streams import ByteCount, PublishedWeights, merged_stream, model_bytes
@@ -36,7 +36,6 @@ from rlctl.trainer.workers.weight_streams import ByteCount, PublishedWeights, me
 SYNC_STATE = "sync.json"  # the actor's weight version, beside its checkpoint
 
 TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
-SYNC_BUCKET_BYTES = 256 << 20
 FAULT_ENV = "RLCTL_INJECT_FAULT"  # "<method>@<step>[:rank]": raise there (tests of failure reporting)
 
 
@@ -260,23 +259,7 @@ class PolicyWorker(PeakMemory, Worker):
         elif self.world_size == 1:
             self.rollout.update_weights(sent(without(self.actor.export_weights("full"), skip)))
         else:
-            rollout = getattr(getattr(self, "spec", None), "rollout", None)
-            tp, order = (rollout.tensor_parallel_size, rollout.rank_order) if rollout else (1, "contiguous")
-            buckets = reshard_train_to_rollout(
-                self.actor.model.config,
-                train_world=self.world_size,
-                rank=self.rank,
-                rollout_tp=tp,
-                local_shards=dict(self.actor.export_weights("sharded")),
-                bucket_bytes=SYNC_BUCKET_BYTES,
-                rank_order=order,
-                fmt="hf_tp" if tp > 1 else "hf",
-                # filled in place (a skipped tensor is planned into a buffer of its own and dropped)
-                out=dict(without(self.rollout.local_tensors().items(), skip)) if tp > 1 else None,
-                stats=stats,
-            )
-            for bucket in sent(without(buckets, skip)):
-                self.rollout.update_weights(bucket)
+            planned_sync(self, skip, sent, stats)
         mesh = self.actor.mesh
         out = self._sync_check().after_sync(
             self.actor.model,
@@ -289,11 +272,8 @@ class PolicyWorker(PeakMemory, Worker):
         out["sync/bytes"] = float(sent.bytes)
         if stats:  # what the planned move held beyond the two layouts (buffers + unfinished outputs)
             out["sync/peak_extra_bytes"] = float(stats["peak_extra_bytes"])
-        local = getattr(self.rollout, "local_tensors", None)
-        if local is not None:  # the rollout weights this rank stores (its TP shard)
-            out["memory/rollout_weights_gib"] = (
-                sum(t.numel() * t.element_size() for t in local().values()) / 2**30
-            )
+        if (stored := stored_gib(self.rollout)) is not None:  # the rollout weights this rank holds
+            out["memory/rollout_weights_gib"] = stored
         if lora is not None:
             out["sync/model_bytes"] = float(model_bytes(self.actor.model))
         return out
