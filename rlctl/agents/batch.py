@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from rlctl.agents.loader import load_environment, turns_for_row
+from rlctl.agents.loader import load_agent_function, load_environment, turns_for_row
 from rlctl.agents.render import ObservationRenderer
 from rlctl.agents.rollout import run_episodes
 from rlctl.dispatch import DataProto
@@ -32,10 +32,13 @@ def agent_meta(
     tokenizer_path: str,
     max_turn_tokens: int = 0,
     trust_remote_code: bool = False,
+    openai_agent: str = "",
 ) -> dict[str, Any]:
-    """The picklable agent settings a generation request carries."""
+    """The picklable agent settings a generation request carries (``openai_agent``: the user's
+    agent function played through the endpoint, instead of the environment ``env``)."""
     return {
         "env": env,
+        "openai_agent": openai_agent,
         "base_dir": base_dir,
         "max_turns": int(max_turns),
         "max_turn_tokens": int(max_turn_tokens),
@@ -50,6 +53,11 @@ def _tools_for(tokenizer_path: str, trust_remote_code: bool) -> tuple[Any, Obser
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code)
     return tokenizer, ObservationRenderer(tokenizer)
+
+
+@functools.lru_cache(maxsize=4)
+def _agent_fn(spec: str, base_dir: str) -> Callable[..., Any]:
+    return load_agent_function(spec, base_dir)
 
 
 @functools.lru_cache(maxsize=4)
@@ -84,6 +92,8 @@ def generate_episodes(generate: Callable[..., Any], request: DataProto, *, seed:
     meta = request.meta
     agent = meta["agent"]
     tokenizer, renderer = _tools_for(agent["tokenizer"], agent["trust_remote_code"])
+    if agent.get("openai_agent"):
+        return _endpoint_episodes(generate, request, tokenizer, seed=seed)
     factory = _factory(agent["env"], agent["base_dir"])
     rows = episode_rows(request)
     env_name = getattr(factory, "name", agent["env"])
@@ -109,3 +119,35 @@ def generate_episodes(generate: Callable[..., Any], request: DataProto, *, seed:
     return DataProto.from_dict(
         tensors=tensors, non_tensors={CONVERSATION: [json.dumps(c) for c in conversations]}
     )
+
+
+def _endpoint_episodes(
+    generate: Callable[..., Any], request: DataProto, tokenizer: Any, *, seed: int | None
+) -> DataProto:
+    """The user's OpenAI-client agent on every row, through this rank's endpoint (:mod:`.endpoint`)."""
+    from rlctl.agents.endpoint import EndpointRollout
+
+    meta, agent = request.meta, request.meta["agent"]
+    rows = episode_rows(request)
+    eos = meta["eos_token_id"]
+    tensors = EndpointRollout(
+        generate,
+        tokenizer,
+        _agent_fn(agent["openai_agent"], agent["base_dir"]),
+        rows,
+        request.batch["input_ids"],
+        request.batch["attention_mask"],
+        max_turns=[agent["max_turns"]] * len(rows),
+        max_tokens=int(meta["max_new_tokens"]),
+        max_turn_tokens=int(agent.get("max_turn_tokens", 0)),
+        eos_token_id=[int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])],
+        pad_token_id=int(meta["pad_token_id"]),
+        seed=seed,
+        sampling={
+            "temperature": float(meta.get("temperature", 1.0)),
+            "top_p": float(meta.get("top_p", 1.0)),
+            "top_k": int(meta.get("top_k", 0)),
+            "greedy": bool(meta.get("greedy", False)),
+        },
+    ).run()
+    return DataProto.from_dict(tensors=tensors, non_tensors={CONVERSATION: ["[]" for _ in rows]})

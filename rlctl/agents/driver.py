@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rlctl.agents.batch import CONVERSATION, ROW_COLUMNS, agent_meta
-from rlctl.agents.loader import load_environment
+from rlctl.agents.loader import load_agent_function, load_environment
 from rlctl.dispatch import DataProto
 from rlctl.errors import UserError
 
@@ -24,7 +24,8 @@ AGENT_COLUMNS = ("agent_turns", "agent_tool_calls", "agent_tool_errors", "agent_
 
 
 class EpisodeRollout:
-    """Multi-turn generation and scoring for a run whose profile sets ``agent.env``."""
+    """Multi-turn generation and scoring for a run whose profile sets ``agent.env`` or
+    ``agent.openai_agent``."""
 
     def __init__(self, ctx: Any) -> None:
         p = ctx.profile
@@ -34,10 +35,14 @@ class EpisodeRollout:
                 f"{p.source}: agent.env: multi-turn rollout runs with trainer.mode = 'sync' only, got {mode!r}"
             )
         base_dir = str(Path(p.source).resolve().parent) if p.source else str(Path.cwd())
-        load_environment(p.agent.env, base_dir)  # a bad spec fails here, before any episode
+        if p.agent.openai_agent:  # a bad spec fails here, before any episode
+            load_agent_function(p.agent.openai_agent, base_dir)
+        else:
+            load_environment(p.agent.env, base_dir)
         self.ctx = ctx
         self.meta = agent_meta(
             p.agent.env,
+            openai_agent=p.agent.openai_agent,
             base_dir=base_dir,
             max_turns=p.agent.max_turns,
             max_turn_tokens=p.agent.max_turn_tokens,
@@ -128,4 +133,9 @@ def agent_metrics(t: dict[str, torch.Tensor]) -> dict[str, float]:
         "agent/tool_error_rate": (errors.sum() / calls.sum().clamp(min=1)).item(),
         "agent/success": t["agent_success"].float().mean().item(),
         "agent/truncated": t["agent_truncated"].float().mean().item(),
+        **{
+            f"agent/{key}": t[f"agent_{key}"].float().mean().item()
+            for key in ("prefix_mismatch", "errors")  # the endpoint's (rlctl.agents.endpoint)
+            if f"agent_{key}" in t
+        },
     }

@@ -27,6 +27,7 @@ def episode_accuracy(
         "greedy": True,
         "agent": agent_meta(
             profile.agent.env,
+            openai_agent=profile.agent.openai_agent,
             base_dir=base_dir,
             max_turns=profile.agent.max_turns,
             max_turn_tokens=profile.agent.max_turn_tokens,

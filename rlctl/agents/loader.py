@@ -13,6 +13,7 @@ absent, ``tool_agent`` or the environment's own name run the profile's environme
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -41,20 +42,20 @@ def parse_env_spec(spec: str) -> tuple[Path, str]:
     return Path(path), name
 
 
-def _import_file(path: Path) -> Any:
+def _import_file(path: Path, key: str = "agent.env") -> Any:
     module_name = f"rlctl_user_env_{abs(hash(str(path.resolve())))}"
     if module_name in sys.modules:
         return sys.modules[module_name]
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
     if loader_spec is None or loader_spec.loader is None:
-        raise UserError(f"agent.env: cannot import {path}")
+        raise UserError(f"{key}: cannot import {path}")
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[module_name] = module  # pickling / dataclasses inside the file
     try:
         loader_spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(module_name, None)
-        raise UserError(f"agent.env: {path} failed to import: {type(exc).__name__}: {exc}") from None
+        raise UserError(f"{key}: {path} failed to import: {type(exc).__name__}: {exc}") from None
     return module
 
 
@@ -98,3 +99,31 @@ def turns_for_row(extra_info: dict[str, Any] | None, env_name: str, max_turns: i
     raise UserError(
         f"row asks for agent_name {agent!r}; this run has {env_name!r} ({TOOL_AGENT}) and {SINGLE_TURN_AGENT}"
     )
+
+
+def load_agent_function(spec: str, base_dir: str | Path | None = None) -> Callable[..., Any]:
+    """``agent.openai_agent``: the ``async def run(client, row)`` named by ``path/to/file.py:name``
+    (the name defaults to ``run``), imported from its path like a reward function."""
+    key = "agent.openai_agent"
+    path_s, sep, name = spec.rpartition(":")
+    if not sep or "/" in name or name.endswith(".py"):
+        path_s, name = spec, "run"
+    path = Path(path_s)
+    if path.suffix != ".py":
+        raise UserError(f"{key}: expected 'path/to/file.py[:function]', got {spec!r}")
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    if not path.is_file():
+        raise UserError(f"{key}: file not found: {path} (from {spec!r})")
+    fn = getattr(_import_file(path, key), name, None)
+    if fn is None or not callable(fn):
+        raise UserError(f"{key}: {name!r} not found in {path} (expected 'async def {name}(client, row)')")
+    if not inspect.iscoroutinefunction(fn):
+        raise UserError(
+            f"{key}: {name} in {path} must be 'async def {name}(client, row)' (a coroutine function)"
+        )
+    try:
+        inspect.signature(fn).bind(None, {})
+    except TypeError:
+        raise UserError(f"{key}: {name} in {path} must take (client, row)") from None
+    return fn

@@ -39,6 +39,8 @@ def check_profile(profile: Profile, origins: dict[str, Path]) -> None:
         from rlctl.profile.lora_checks import check_lora
 
         check_lora(profile.actor.lora, profile.model.path, fail)
+    if profile.agent.env and profile.agent.openai_agent:
+        fail("agent.openai_agent", "set together with agent.env: an episode is played by one of them; unset one")
     reward = profile.reward
     if reward.kind == "custom" and ":" not in reward.function:
         fail("reward.function", f"expected 'path/to/file.py:function_name', got {reward.function!r}")
@@ -97,6 +99,11 @@ def _check_rollout_tp(profile: Profile, fail: Callable[[str, str], None]) -> Non
             bool(profile.agent.env),
             "multi-turn environments run on every rank; a tensor-parallel replica would run each "
             "episode's tools once per rank",
+        ),
+        "agent.openai_agent": (
+            bool(profile.agent.openai_agent),
+            "the agent endpoint runs each episode's agent on every rank; a tensor-parallel replica "
+            "would run it once per rank",
         ),
         "actor.lora": (
             profile.actor.lora is not None,

@@ -318,6 +318,17 @@ class AgentSection:
         4, "Model turns per episode; rollout.max_new_tokens bounds model + tool tokens together.", ge=1
     )
     max_turn_tokens: int = field(0, "Most tokens one model turn may sample (0 = only the budget).", ge=0)
+    openai_agent: str = field(
+        "",
+        "Your own agent, 'path/to/file.py[:run]' with 'async def run(client, row)': it runs per episode "
+        "with an openai.AsyncOpenAI client on this rollout's loopback endpoint and returns the reward "
+        "(None: the profile's reward scores the model's tokens). Instead of env; needs the openai package.",
+    )
+
+    @property
+    def episodic(self) -> bool:
+        """Multi-turn rollout: an environment or an OpenAI-client agent plays each episode."""
+        return bool(self.env or self.openai_agent)
 
 
 @dataclass

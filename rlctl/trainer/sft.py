@@ -122,7 +122,7 @@ def run_sft(profile: Profile, run_dir: Path) -> dict[str, Any]:
             }
             if val is not None and (step == s.steps or (s.eval_every and step % s.eval_every == 0)):
                 rollout.update_weights(engine.export_weights("full"))  # in memory, as in RL
-                if profile.agent.env:  # multi-turn: greedy episodes scored by the environment
+                if profile.agent.episodic:  # multi-turn: greedy episodes scored by the environment
                     from rlctl.agents.evaluate import episode_accuracy
 
                     acc = episode_accuracy(rollout, tokenizer, val, profile, model_path)

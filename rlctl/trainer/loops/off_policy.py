@@ -100,7 +100,7 @@ class OffPolicyTrainer(Trainer):
         if self.episodes is not None:
             raise UserError(
                 f"{self.p.source}: trainer.mode = {mode!r} does not run multi-turn episodes yet "
-                "(agent.env is set); use trainer.mode = 'sync'"
+                "(agent.env or agent.openai_agent is set); use trainer.mode = 'sync'"
             )
         algo = replace(self.p.algorithm, rollout_correction=effective_rollout_correction(self.p))
         self.p = replace(self.p, algorithm=algo)

@@ -70,7 +70,7 @@ class Trainer:
             or self.p.algorithm.use_kl_in_reward
         )
         # Multi-turn mode (agent.env set): the rollout stage runs episodes, the environment scores them.
-        self.episodes = EpisodeRollout(ctx) if getattr(self.p.agent, "env", "") else None
+        self.episodes = EpisodeRollout(ctx) if getattr(self.p.agent, "episodic", False) else None
 
     # -- the loop ------------------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:

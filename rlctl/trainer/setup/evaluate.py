@@ -88,7 +88,7 @@ def evaluate_model(profile: Profile, model_path: str, limit: int | None = None) 
     engine = HFRolloutEngine(
         model_path, device=device, dtype=dtype, trust_remote_code=profile.model.trust_remote_code
     )
-    if profile.agent.env:  # multi-turn: episodes scored by the environment
+    if profile.agent.episodic:  # multi-turn: episodes scored by the environment
         from rlctl.agents.evaluate import episode_accuracy
 
         return episode_accuracy(engine, tokenizer, val, profile, model_path)
