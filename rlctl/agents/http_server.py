@@ -44,6 +44,7 @@ class EndpointServer:
         self.errors = 0  # requests answered with an error
         self.failure: BaseException | None = None  # an unexpected error while serving (the run fails)
         self._server: asyncio.base_events.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, LOOPBACK, 0)
@@ -52,18 +53,22 @@ class EndpointServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+            for writer in list(self._writers):  # idle keep-alive connections
+                writer.close()
             await self._server.wait_closed()
 
     def base_url(self, episode: int) -> str:
         return f"http://{LOOPBACK}:{self.port}/{episode}/v1"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         try:
             while await self._one(reader, writer):
                 pass
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # the client went away, or the server is closing
         finally:
+            self._writers.discard(writer)
             writer.close()
 
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
