@@ -33,12 +33,14 @@ def agent_meta(
     max_turn_tokens: int = 0,
     trust_remote_code: bool = False,
     openai_agent: str = "",
+    gather_s: float = 0.0,
 ) -> dict[str, Any]:
     """The picklable agent settings a generation request carries (``openai_agent``: the user's
     agent function played through the endpoint, instead of the environment ``env``)."""
     return {
         "env": env,
         "openai_agent": openai_agent,
+        "gather_s": float(gather_s),
         "base_dir": base_dir,
         "max_turns": int(max_turns),
         "max_turn_tokens": int(max_turn_tokens),
@@ -149,5 +151,6 @@ def _endpoint_episodes(
             "top_k": int(meta.get("top_k", 0)),
             "greedy": bool(meta.get("greedy", False)),
         },
+        gather_s=float(agent.get("gather_s", 0.0)) or None,
     ).run()
     return DataProto.from_dict(tensors=tensors, non_tensors={CONVERSATION: ["[]" for _ in rows]})

@@ -45,7 +45,7 @@ class Batcher:
         pad_token_id: int,
         seed: int | None,
         live: int,
-        gather_s: float | None = 0.05,
+        gather_s: float | None = None,
     ) -> None:
         self.generate, self.eos, self.pad, self.seed = generate, eos_token_id, pad_token_id, seed
         self.live, self.gather_s = live, gather_s

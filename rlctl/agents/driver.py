@@ -43,6 +43,7 @@ class EpisodeRollout:
         self.meta = agent_meta(
             p.agent.env,
             openai_agent=p.agent.openai_agent,
+            gather_s=p.agent.gather_s,
             base_dir=base_dir,
             max_turns=p.agent.max_turns,
             max_turn_tokens=p.agent.max_turn_tokens,

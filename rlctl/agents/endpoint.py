@@ -70,7 +70,7 @@ class EndpointRollout:
         pad_token_id: int,
         seed: int | None,
         sampling: dict[str, Any],
-        gather_s: float | None = 0.05,
+        gather_s: float | None = None,
     ) -> None:
         self.generate, self.tokenizer, self.agent, self.rows = generate, tokenizer, agent, list(rows)
         self.max_turns, self.max_tokens, self.max_turn_tokens = list(max_turns), max_tokens, max_turn_tokens

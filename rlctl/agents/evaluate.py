@@ -28,6 +28,7 @@ def episode_accuracy(
         "agent": agent_meta(
             profile.agent.env,
             openai_agent=profile.agent.openai_agent,
+            gather_s=profile.agent.gather_s,
             base_dir=base_dir,
             max_turns=profile.agent.max_turns,
             max_turn_tokens=profile.agent.max_turn_tokens,

@@ -27,6 +27,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": ("rlctl.cli.doctor_cmd", "doctor", "Check drivers, engines and version pins."),
     "plan": ("rlctl.cli.plan_cmd", "plan", "The run a profile resolves to: engines, memory, fit checks."),
     "bench": ("rlctl.cli.bench_cmd", "bench", "Side-by-side benchmarks."),
+    "check-template": (
+        "rlctl.cli.check_template_cmd",
+        "check_template",
+        "Check that a chat template splices multi-turn episodes exactly.",
+    ),
     "model": ("rlctl.cli.model_cmd", "model", "Build the built-in tiny models; import GGUF checkpoints."),
 }
 

@@ -324,6 +324,13 @@ class AgentSection:
         "with an openai.AsyncOpenAI client on this rollout's loopback endpoint and returns the reward "
         "(None: the profile's reward scores the model's tokens). Instead of env; needs the openai package.",
     )
+    gather_s: float = field(
+        0.0,
+        "openai_agent: a batch goes to the engine when every running episode has a request waiting "
+        "(0: always so; batches and samples then depend on the seed alone), or after this many "
+        "seconds with no new request (an agent busy in a slow tool does not hold the others up).",
+        ge=0,
+    )
 
     @property
     def episodic(self) -> bool:

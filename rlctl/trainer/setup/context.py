@@ -113,6 +113,13 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) 
 
         check_sources(train.batcher.dataset.data_sources())
     scorer = scorer_for(profile, tokenizer)
+    if profile.agent.openai_agent:  # the agent, its client and the template's splice, before workers
+        from rlctl.agents.preflight import check_openai_agent
+
+        base_dir = Path(profile.source).resolve().parent if profile.source else Path.cwd()
+        check_openai_agent(
+            profile.agent.openai_agent, base_dir, tokenizer, f"{profile.source}: agent.openai_agent"
+        )
     specs = specs_from_plan(profile, plan)
     dtype, attn, engine = plan.dtype, specs.policy.engine.attn_implementation, specs.policy.rollout.engine
     roles: dict[str, type] = {"policy": PolicyWorker}
