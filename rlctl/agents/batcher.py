@@ -5,7 +5,8 @@ the same rows, in the same order, as the native multi-turn rollout's turn), or u
 request arrived for ``gather_s`` seconds (an agent busy in a slow tool does not hold the others
 up; None waits for all). Requests of one batch that ask for different sampling (temperature,
 ``top_p``, greedy) go to the engine as separate calls. Each choice of a request is one row; rows
-sample up to the longest room among them and each keeps its own. ``generate`` runs on a thread so
+sample up to the longest room among them and each keeps its own; ``max_batch`` caps the requests
+of one engine call (``rlctl bench endpoint`` serves them one at a time with 1). ``generate`` runs on a thread so
 the event loop keeps serving while the engine samples.
 
 ``generate`` is the engines' ``generate(prompt_ids, prompt_mask, *, n, temperature, top_p, top_k,
@@ -46,9 +47,10 @@ class Batcher:
         seed: int | None,
         live: int,
         gather_s: float | None = None,
+        max_batch: int = 0,
     ) -> None:
         self.generate, self.eos, self.pad, self.seed = generate, eos_token_id, pad_token_id, seed
-        self.live, self.gather_s = live, gather_s
+        self.live, self.gather_s, self.max_batch = live, gather_s, max_batch  # max_batch 0: no limit
         self.pending: list[Pending] = []
         self.batches = 0  # engine calls made
         self.rows = 0  # rows sampled
@@ -98,7 +100,12 @@ class Batcher:
         groups: dict[tuple[float, float, int, bool], list[Pending]] = {}
         for p in batch:
             groups.setdefault(p.sampling, []).append(p)
-        for g, (key, members) in enumerate(sorted(groups.items(), key=lambda kv: kv[1][0].episode)):
+        calls = [
+            (key, members[i : i + (self.max_batch or len(members))])
+            for key, members in sorted(groups.items(), key=lambda kv: kv[1][0].episode)
+            for i in range(0, len(members), self.max_batch or len(members))
+        ]
+        for g, (key, members) in enumerate(calls):
             seed = None if self.seed is None else self.seed + SEED_STRIDE * self.batches + 7919 * g
             try:
                 out = await asyncio.get_running_loop().run_in_executor(

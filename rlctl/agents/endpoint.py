@@ -71,11 +71,12 @@ class EndpointRollout:
         seed: int | None,
         sampling: dict[str, Any],
         gather_s: float | None = None,
+        max_batch: int = 0,
     ) -> None:
         self.generate, self.tokenizer, self.agent, self.rows = generate, tokenizer, agent, list(rows)
         self.max_turns, self.max_tokens, self.max_turn_tokens = list(max_turns), max_tokens, max_turn_tokens
         self.eos, self.pad, self.seed, self.gather_s = eos_token_id, pad_token_id, seed, gather_s
-        self.sampling = sampling
+        self.sampling, self.max_batch = sampling, max_batch
         self.tool_role = renders_tool_role(tokenizer)
         self.prompt_ids, self.prompt_mask = prompt_ids, prompt_mask
         self.traces = [EpisodeTrace(prompt_width=prompt_ids.shape[1]) for _ in self.rows]
@@ -171,6 +172,7 @@ class EndpointRollout:
             seed=self.seed,
             live=len(self.rows),
             gather_s=self.gather_s,
+            max_batch=self.max_batch,
         )
         self.batcher.start()
         base = make_client(self.server.base_url(0), self.server.token)

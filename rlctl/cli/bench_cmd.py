@@ -7,6 +7,7 @@ import importlib
 import click
 
 BENCHES: dict[str, str] = {
+    "endpoint": "Agent endpoint: concurrent requests batched into one generate against one at a time.",
     "dispatch": "Driver-side cost of a DP_COMPUTE_PROTO call against raw ray.put/ray.get.",
     "parity": "Numerics vs a CPU float64 reference: log-probs, grads, optimiser step, rollout; PASS/WARN/FAIL.",
     "rollout": "Rollout engine tokens/s against raw model.generate.",
