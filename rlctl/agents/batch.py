@@ -132,7 +132,7 @@ def _endpoint_episodes(
     meta, agent = request.meta, request.meta["agent"]
     rows = episode_rows(request)
     eos = meta["eos_token_id"]
-    tensors = EndpointRollout(
+    rollout = EndpointRollout(
         generate,
         tokenizer,
         _agent_fn(agent["openai_agent"], agent["base_dir"]),
@@ -152,5 +152,8 @@ def _endpoint_episodes(
             "greedy": bool(meta.get("greedy", False)),
         },
         gather_s=float(agent.get("gather_s", 0.0)) or None,
-    ).run()
-    return DataProto.from_dict(tensors=tensors, non_tensors={CONVERSATION: ["[]" for _ in rows]})
+    )
+    tensors = rollout.run()
+    return DataProto.from_dict(
+        tensors=tensors, non_tensors={CONVERSATION: [json.dumps(c) for c in rollout.conversations()]}
+    )

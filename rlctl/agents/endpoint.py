@@ -137,6 +137,7 @@ class EndpointRollout:
             if ans.choice.content is not None and ans.choice.content != ans.raw:
                 trace.raw_by_content[ans.choice.content] = ans.raw
             if k == 0:
+                trace.conversation = [*msgs, {"role": "assistant", "content": ans.raw}]
                 self.tool_calls[episode] += len(ans.choice.tool_calls) + ans.tool_errors
                 self.tool_errors[episode] += ans.tool_errors
             choices.append(ans.choice)
@@ -187,6 +188,10 @@ class EndpointRollout:
             await self.batcher.stop()
             await base.close()
             await self.server.close()
+
+    def conversations(self) -> list[list[dict[str, Any]]]:
+        """Each episode's last request (as rendered) and its first answer, for the run's samples."""
+        return [t.conversation for t in self.traces]
 
     def run(self) -> dict[str, torch.Tensor]:
         """Play every episode; the batch tensors (the native rollout's keys and ``agent_*`` columns)."""

@@ -84,10 +84,16 @@ class EndpointServer:
         while (h := await reader.readline()) not in (b"\r\n", b"\n", b""):
             k, _, v = h.decode("latin-1").partition(":")
             headers[k.strip().lower()] = v.strip()
-        length = int(headers.get("content-length", "0") or 0)
-        if length > MAX_BODY or "chunked" in headers.get("transfer-encoding", ""):
+        try:
+            length = int(headers.get("content-length", "0") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY or "chunked" in headers.get("transfer-encoding", ""):
             await self._json(
-                writer, 413, ApiError(413, "request body too large or chunked").body(), close=True
+                writer,
+                413,
+                ApiError(413, "request body: a Content-Length up to 64 MiB is required").body(),
+                close=True,
             )
             return False
         body = await reader.readexactly(length) if length else b""

@@ -64,6 +64,7 @@ class EpisodeTrace:
     requests: int = 0
     mismatches: int = 0
     truncated: bool = False
+    conversation: list[dict[str, Any]] = field(default_factory=list)  # the last request + its answer
     raw_by_call: dict[str, str] = field(default_factory=dict)
     raw_by_content: dict[str, str] = field(default_factory=dict)
 
