@@ -24,7 +24,7 @@ class EndpointBenchConfig:
     model: str | None = None  # a local HF model dir; None: the built-in tiny-1m model
     episodes: int = 64
     turns: int = 4
-    answer_tokens: int = 8
+    answer_tokens: int = 32
     repeats: int = 3
     seed: int = 0
 

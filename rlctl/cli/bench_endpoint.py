@@ -15,7 +15,7 @@ import click
 )
 @click.option("--episodes", default=64, show_default=True, type=click.IntRange(1))
 @click.option("--turns", default=4, show_default=True, type=click.IntRange(1))
-@click.option("--answer-tokens", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--answer-tokens", default=32, show_default=True, type=click.IntRange(1))
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(1))
 @click.option("--threads", type=click.IntRange(1), help="torch CPU threads (default: torch's choice).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")

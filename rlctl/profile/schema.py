@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlctl.profile.fields import field
+from rlctl.profile.schema_agent import AgentSection
 from rlctl.profile.schema_lora import LoraSection
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -305,37 +306,6 @@ class TrainerSection:
         "no overlap); one_step_off always lags exactly 1.",
         ge=0,
     )
-
-
-@dataclass
-class AgentSection:
-    env: str = field(
-        "",
-        "Multi-turn environment: builtin:calculator or 'path/to/file.py:ClassName' (an "
-        "rlctl.agents.Environment); empty = single-turn rollout. Like reward.function, code a profile runs.",
-    )
-    max_turns: int = field(
-        4, "Model turns per episode; rollout.max_new_tokens bounds model + tool tokens together.", ge=1
-    )
-    max_turn_tokens: int = field(0, "Most tokens one model turn may sample (0 = only the budget).", ge=0)
-    openai_agent: str = field(
-        "",
-        "Your own agent, 'path/to/file.py[:run]' with 'async def run(client, row)': it runs per episode "
-        "with an openai.AsyncOpenAI client on this rollout's loopback endpoint and returns the reward "
-        "(None: the profile's reward scores the model's tokens). Instead of env; needs the openai package.",
-    )
-    gather_s: float = field(
-        0.0,
-        "openai_agent: a batch goes to the engine when every running episode has a request waiting "
-        "(0: always so; batches and samples then depend on the seed alone), or after this many "
-        "seconds with no new request (an agent busy in a slow tool does not hold the others up).",
-        ge=0,
-    )
-
-    @property
-    def episodic(self) -> bool:
-        """Multi-turn rollout: an environment or an OpenAI-client agent plays each episode."""
-        return bool(self.env or self.openai_agent)
 
 
 @dataclass
