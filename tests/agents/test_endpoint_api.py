@@ -197,3 +197,26 @@ def test_64_concurrent_episodes_of_4_turns_are_token_exact(char_model):
             got = sent[tuple(seq[:s])]
             assert seq[s : s + len(got)] == got
     assert AutoTokenizer  # the tokenizer is the model's own
+
+
+def test_a_stop_string_ends_the_answer_and_is_rendered_back_as_sampled(char_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(char_model))
+    encode = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    sampled = encode("abcSTOPxyz")
+    ans = make_answer(
+        tok, sampled, [-1.0] * len(sampled), stops=["STOP"], eos={tok.eos_token_id}, parse_tools=False
+    )
+    assert ans.choice.content == "abc" and ans.choice.finish_reason == "stop"
+    assert ans.ids == encode("abcSTOP") and ans.raw == "abcSTOP"  # tokens after the stop are not kept
+    trace = EpisodeTrace(prompt_width=64)
+    msgs = [{"role": "user", "content": "q"}]
+    ctx = trace.context(render(tok, msgs, None), encode)
+    trace.record(ctx.extended(ans.ids, tok.decode(ans.ids), True, ans.log_probs), first=True)
+    trace.raw_by_content[ans.choice.content] = ans.raw
+    msgs += [{"role": "assistant", "content": "abc"}, {"role": "user", "content": "next"}]
+    nxt = trace.context(
+        render(tok, normalise(msgs, tool_role=False, sampled_text=trace.sampled_text), None), encode
+    )
+    assert trace.mismatches == 0 and nxt.ids[: len(ctx.ids) + len(ans.ids)] == ctx.ids + ans.ids
