@@ -72,6 +72,13 @@ PROBES: tuple[tuple[str, list[Message], bool], ...] = (
     ),
 )
 
+# informational: a template that strips earlier reasoning splits a thinking model's episode per turn
+REASONING_PROBE: list[Message] = [
+    {"role": "user", "content": "Guess a number."},
+    {"role": "assistant", "content": "<think>start in the middle</think>5"},
+    {"role": "user", "content": "higher"},
+]
+
 
 def renders_tool_role(tokenizer: Any, **kwargs: Any) -> bool:
     """Whether the template accepts a ``tool`` message (the tiny model's raises on it)."""
@@ -137,6 +144,7 @@ class TemplateCheck:
     tool_role: bool
     problems: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
+    reasoning_kept: bool = True  # a <think> block in an earlier answer survives the next rendering
 
 
 def _first_difference(a: str, b: str) -> int:
@@ -176,4 +184,13 @@ def check_template(tokenizer: Any, **kwargs: Any) -> TemplateCheck:
         except Exception as exc:  # a template that cannot render the probe at all
             verdict.ok = False
             verdict.problems.append(f"{name}: the template failed to render: {type(exc).__name__}: {exc}")
+    verdict.reasoning_kept = _splices(tokenizer, REASONING_PROBE, stop, kwargs)
     return verdict
+
+
+def _splices(tokenizer: Any, msgs: list[Message], stop: str, kwargs: dict[str, Any]) -> bool:
+    try:
+        held = render(tokenizer, msgs[:1], None, **kwargs) + msgs[1]["content"] + stop
+        return render(tokenizer, msgs, None, **kwargs).startswith(held)
+    except Exception:  # a template that cannot render it keeps nothing
+        return False

@@ -37,6 +37,12 @@ def check_template(model: str, trust_remote_code: bool, as_json: bool) -> None:
             "splice rule: each request's rendering must start with the previous request's rendering + "
             "the sampled answer + its stop token; only the rest is tokenised (context, never trained)"
         )
+        click.echo(
+            "reasoning blocks: kept in later turns"
+            if verdict.reasoning_kept
+            else "reasoning blocks: stripped from earlier turns (a thinking model's episode starts a new "
+            "chain at each request: counted in agent/prefix_mismatch, only the last chain is trained)"
+        )
         for name in verdict.checked:
             click.echo(f"PASS  {name}")
         for problem in verdict.problems:

@@ -24,6 +24,19 @@ def test_the_tiny_template_splices_exactly(char_model):
     assert verdict["checked"] == ["plain turns", "system prompt", "tool round trip"]
 
 
+def test_a_template_that_strips_earlier_reasoning_is_reported(think_model, char_model):
+    # Qwen3-like: the generation prompt opens an empty think block that re-rendered turns drop, so
+    # even plain turns do not splice; the reasoning row says why a thinking model would split too
+    code, out, _ = run_cli("check-template", str(think_model), "--json")
+    verdict = json.loads(out)
+    assert code == 1 and verdict["reasoning_kept"] is False and not verdict["checked"]
+    _, out, _ = run_cli("check-template", str(think_model))
+    assert "reasoning blocks: stripped from earlier turns" in out
+    assert "the next request renders '7<|eos|>" in out and "holds '<think></think>7<|eos|>'" in out
+    _, out, _ = run_cli("check-template", str(char_model), "--json")
+    assert json.loads(out)["reasoning_kept"] is True
+
+
 def test_smollm2_template_splices_exactly(smollm2_dir):
     code, out, err = run_cli("check-template", smollm2_dir)
     assert code == 0, out + err
