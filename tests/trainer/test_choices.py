@@ -76,6 +76,7 @@ def test_memory_fraction_is_refused_where_nothing_reads_it(tmp_path):
         ('[rollout]\ntensor_parallel = 2\nengine = "vllm"\n', "rollout.engine"),
         ('[rollout]\ntensor_parallel = 2\n[trainer]\nmode = "async"\n', "trainer.mode"),
         ('[rollout]\ntensor_parallel = 2\n[agent]\nenv = "builtin:calculator"\n', "agent.env"),
+        ('[rollout]\ntensor_parallel = 2\n[agent]\nopenai_agent = "agent.py"\n', "agent.openai_agent"),
     ],
 )
 def test_tensor_parallel_where_it_cannot_run_is_refused_naming_the_key(tmp_path, extra, key):
