@@ -107,6 +107,11 @@ def test_trainer_row_at_tp2_fills_the_tp_engines_shards_checked_byte_for_byte(sm
     assert in_loop == [("planned", True), ("verl", True), ("trainer", True)]
     assert {r.fmt for r in rows if r.strategy != "trainer"} == {"vllm", "hf_tp"}
     assert set(peer_ratios(rows)[(small_model, 2, 2, 2, "hf_tp")]) == {"verl", "trainer"}
+
+
+@pytest.mark.slow  # the check itself is covered by the planned row's corruption test above
+@pytest.mark.timeout(300)
+def test_a_wrong_value_in_one_tp_shard_fails_the_trainer_row(small_model) -> None:
     with pytest.raises(RunError, match=r"trainer .*hf_tp.* rank 1: model\.layers\.0\.mlp\.down_proj\.weight"):
         bench(
             [small_model], [(2, 2)], repeat=1, strategies=("trainer",),

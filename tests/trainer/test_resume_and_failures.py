@@ -98,7 +98,8 @@ def test_failing_rank_names_role_rank_step_and_keeps_checkpoint(write_profile, t
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize(
     ("signum", "code"),
-    [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGUSR1, 138)],
+    # SIGUSR1 takes the handler SIGTERM takes (only the exit code differs): slow, beside it
+    [(signal.SIGINT, 130), (signal.SIGTERM, 143), pytest.param(signal.SIGUSR1, 138, marks=pytest.mark.slow)],
     ids=["int", "term", "usr1"],
 )
 def test_a_stop_signal_finishes_the_step_saves_and_resumes_exactly(write_profile, tmp_path, signum, code):
