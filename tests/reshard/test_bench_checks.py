@@ -101,7 +101,7 @@ def test_trainer_row_runs_the_loops_sync_on_real_engines(small_model) -> None:
 @pytest.mark.timeout(300)
 def test_trainer_row_at_tp2_fills_the_tp_engines_shards_checked_byte_for_byte(small_model) -> None:
     """At q > 1 the loop's sync runs into the HF engine's tensor-parallel shards, in a case of its
-    own beside planned and verl into the same layout; a wrong value in one shard fails the row."""
+    own beside planned and verl into the same layout, every byte checked."""
     rows = bench([small_model], [(2, 2)], repeat=1, strategies=("planned", "verl", "trainer"))
     in_loop = [(r.strategy, r.match) for r in rows if r.fmt == "hf_tp"]
     assert in_loop == [("planned", True), ("verl", True), ("trainer", True)]
@@ -112,6 +112,7 @@ def test_trainer_row_at_tp2_fills_the_tp_engines_shards_checked_byte_for_byte(sm
 @pytest.mark.slow  # the check itself is covered by the planned row's corruption test above
 @pytest.mark.timeout(300)
 def test_a_wrong_value_in_one_tp_shard_fails_the_trainer_row(small_model) -> None:
+    """The trainer row's own check: one misplaced value in one TP shard fails it, naming it."""
     with pytest.raises(RunError, match=r"trainer .*hf_tp.* rank 1: model\.layers\.0\.mlp\.down_proj\.weight"):
         bench(
             [small_model], [(2, 2)], repeat=1, strategies=("trainer",),
