@@ -30,7 +30,7 @@ import torch
 
 from rlctl.agents.env import Environment, Row, Step, parse_turn
 from rlctl.agents.render import ObservationRenderer
-from rlctl.engines.logprob import position_ids_from_mask
+from rlctl.agents.rows import column, response_batch
 from rlctl.errors import RunError
 
 Generate = Callable[..., dict[str, torch.Tensor]]
@@ -167,36 +167,14 @@ def run_episodes(
 def _assemble(
     prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, episodes: list[Episode], width: int, pad_id: int
 ) -> dict[str, torch.Tensor]:
-    rows = len(episodes)
-    resp = torch.full((rows, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((rows, width), dtype=torch.long)
-    rmask = torch.zeros((rows, width), dtype=torch.long)
-    logp = torch.zeros((rows, width), dtype=torch.float32)
-    for i, ep in enumerate(episodes):
-        n = len(ep.ids)
-        if n:
-            resp[i, :n] = torch.tensor(ep.ids, dtype=torch.long)
-            attn[i, :n] = 1
-            rmask[i, :n] = torch.tensor(ep.model, dtype=torch.long)
-            logp[i, :n] = torch.tensor(ep.log_probs, dtype=torch.float32)
-    prompts = prompt_ids.cpu().long()
-    mask = torch.cat([prompt_mask.cpu().long(), attn], dim=1)
+    responses = [(ep.ids, ep.model, ep.log_probs) for ep in episodes]
+    batch = response_batch(prompt_ids.cpu().long(), prompt_mask.cpu().long(), responses, width, pad_id)
 
-    def col(values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float32)
-
-    return {
-        "prompts": prompts,
-        "responses": resp,
-        "input_ids": torch.cat([prompts, resp], dim=1),
-        "attention_mask": mask,
-        "position_ids": position_ids_from_mask(mask),
-        "response_mask": rmask,
-        "rollout_log_probs": logp,
-        "agent_turns": col([ep.turns for ep in episodes]),
-        "agent_tool_calls": col([ep.tool_calls for ep in episodes]),
-        "agent_tool_errors": col([ep.tool_errors for ep in episodes]),
-        "agent_reward": col([math.nan if ep.reward is None else float(ep.reward) for ep in episodes]),
-        "agent_success": col([float(bool(ep.success)) for ep in episodes]),
-        "agent_truncated": col([float(ep.truncated) for ep in episodes]),
+    return batch | {
+        "agent_turns": column([ep.turns for ep in episodes]),
+        "agent_tool_calls": column([ep.tool_calls for ep in episodes]),
+        "agent_tool_errors": column([ep.tool_errors for ep in episodes]),
+        "agent_reward": column([math.nan if ep.reward is None else float(ep.reward) for ep in episodes]),
+        "agent_success": column([float(bool(ep.success)) for ep in episodes]),
+        "agent_truncated": column([float(ep.truncated) for ep in episodes]),
     }

@@ -16,8 +16,46 @@ from rlctl.agents.trajectory import Chain
 from rlctl.engines.logprob import position_ids_from_mask
 
 
-def _col(values: Sequence[float]) -> torch.Tensor:
+def column(values: Sequence[float]) -> torch.Tensor:
+    """One float32 ``agent_*`` column of a batch."""
     return torch.tensor([float(v) for v in values], dtype=torch.float32)
+
+
+def response_batch(
+    prompts: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    responses: Sequence[tuple[Sequence[int], Sequence[int], Sequence[float]] | None],
+    width: int,
+    pad_id: int,
+) -> dict[str, torch.Tensor]:
+    """The rollout batch's tensors for multi-turn rows: each row's ``(ids, model, log_probs)`` (None:
+    an empty response) laid out in ``width`` response columns after the left-padded ``prompts``;
+    ``response_mask`` is ``model`` (1 on sampled tokens), ``rollout_log_probs`` their log-probs."""
+    rows = len(responses)
+    resp = torch.full((rows, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((rows, width), dtype=torch.long)
+    rmask = torch.zeros((rows, width), dtype=torch.long)
+    logp = torch.zeros((rows, width), dtype=torch.float32)
+    for i, response in enumerate(responses):
+        if response is None:
+            continue
+        ids, model, log_probs = response
+        n = min(len(ids), width)
+        if n:
+            resp[i, :n] = torch.tensor(ids[:n], dtype=torch.long)
+            attn[i, :n] = 1
+            rmask[i, :n] = torch.tensor(model[:n], dtype=torch.long)
+            logp[i, :n] = torch.tensor(log_probs[:n], dtype=torch.float32)
+    mask = torch.cat([prompt_mask, attn], dim=1)
+    return {
+        "prompts": prompts,
+        "responses": resp,
+        "input_ids": torch.cat([prompts, resp], dim=1),
+        "attention_mask": mask,
+        "position_ids": position_ids_from_mask(mask),
+        "response_mask": rmask,
+        "rollout_log_probs": logp,
+    }
 
 
 def assemble(
@@ -36,43 +74,28 @@ def assemble(
     failed: Sequence[bool],
 ) -> dict[str, torch.Tensor]:
     """Batch tensors for ``chains`` (one per episode), with the ``agent_*`` columns."""
-    rows, p_width = len(chains), prompt_ids.shape[1]
+    p_width = prompt_ids.shape[1]
     prompts = prompt_ids.cpu().long().clone()
     pmask = prompt_mask.cpu().long().clone()
-    resp = torch.full((rows, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((rows, width), dtype=torch.long)
-    rmask = torch.zeros((rows, width), dtype=torch.long)
-    logp = torch.zeros((rows, width), dtype=torch.float32)
+    responses = []
     for i, chain in enumerate(chains):
         if chain is None:
+            responses.append(None)
             continue
-        head, tail = chain.ids[: chain.split], chain.ids[chain.split :][:width]
+        head = chain.ids[: chain.split]
         prompts[i].fill_(pad_id)
         pmask[i].zero_()
         if head:
             prompts[i, p_width - len(head) :] = torch.tensor(head, dtype=torch.long)
             pmask[i, p_width - len(head) :] = 1
-        n = len(tail)
-        if n:
-            resp[i, :n] = torch.tensor(tail, dtype=torch.long)
-            attn[i, :n] = 1
-            rmask[i, :n] = torch.tensor(chain.model[:n], dtype=torch.long)
-            logp[i, :n] = torch.tensor(chain.log_probs[:n], dtype=torch.float32)
-    mask = torch.cat([pmask, attn], dim=1)
-    return {
-        "prompts": prompts,
-        "responses": resp,
-        "input_ids": torch.cat([prompts, resp], dim=1),
-        "attention_mask": mask,
-        "position_ids": position_ids_from_mask(mask),
-        "response_mask": rmask,
-        "rollout_log_probs": logp,
-        "agent_turns": _col(turns),
-        "agent_tool_calls": _col(tool_calls),
-        "agent_tool_errors": _col(tool_errors),
-        "agent_reward": _col(rewards),
-        "agent_success": _col([r > 0 for r in rewards]),  # NaN > 0 is False; the profile's reward decides acc
-        "agent_truncated": _col(truncated),
-        "agent_prefix_mismatch": _col(mismatches),
-        "agent_errors": _col(failed),
+        responses.append((chain.ids[chain.split :], chain.model, chain.log_probs))
+    return response_batch(prompts, pmask, responses, width, pad_id) | {
+        "agent_turns": column(turns),
+        "agent_tool_calls": column(tool_calls),
+        "agent_tool_errors": column(tool_errors),
+        "agent_reward": column(rewards),
+        "agent_success": column([r > 0 for r in rewards]),  # NaN > 0 is False; the profile's reward decides acc
+        "agent_truncated": column(truncated),
+        "agent_prefix_mismatch": column(mismatches),
+        "agent_errors": column(failed),
     }
