@@ -72,11 +72,17 @@ def test_the_package_keeps_every_contract() -> None:
             "from rlctl.trainer.loops import stop",
             "rlctl.trainer.state is not allowed to import rlctl.trainer.loops",
         ),
-        # one loop mode importing another
+        # a rollout source reaching back into the loop (what the off-policy loops once did by subclassing)
         (
-            "rlctl.trainer.loops.asynchronous",
-            "from rlctl.trainer.loops import one_step_off",
-            "rlctl.trainer.loops.asynchronous is not allowed to import rlctl.trainer.loops.one_step_off",
+            "rlctl.trainer.loops.pipelined",
+            "from rlctl.trainer.loops import sync",
+            "rlctl.trainer.loops.pipelined is not allowed to import rlctl.trainer.loops.sync",
+        ),
+        # one rollout source importing another
+        (
+            "rlctl.trainer.loops.colocated",
+            "from rlctl.trainer.loops import pipelined",
+            "rlctl.trainer.loops.colocated is not allowed to import rlctl.trainer.loops.pipelined",
         ),
         # a platform probe importing torch in-process
         ("rlctl.platforms.nvidia", "import torch", "rlctl.platforms is not allowed to import torch"),

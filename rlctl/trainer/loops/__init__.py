@@ -1,2 +1,3 @@
-"""The loops: one small loop per ``trainer.mode`` over the same stages (sync, one_step_off, async),
-the rollout pipeline the off-policy loops share, and stopping a run without losing it."""
+"""The loop: one driver loop over the stages (``sync.py``) for every ``trainer.mode``, given a
+rollout source (``source.py``: colocated, or a pipeline ahead of the trainer), and stopping a
+run without losing it."""

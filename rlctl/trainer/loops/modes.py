@@ -1,21 +1,40 @@
-"""``trainer.mode`` -> the loop class that runs it (each mode is its own small loop)."""
+"""``trainer.mode`` -> the rollout source the one loop runs with: each mode whole, in three lines.
+
+    sync          Colocated()                              generate with the current weights, in the step
+    one_step_off  Pipeline(exact=True, max_staleness=1)    batch k+1 with the weights before step k's update
+    async         Pipeline(exact=False, max_staleness=N)   the newest weights, at most N versions behind
+
+A new mode is a source (``loops/source.py`` says what the loop asks of one), a branch here and
+the mode's name in the schema's ``trainer.mode`` choices.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from rlctl.profile.schema import Profile
+from rlctl.trainer.loops.colocated import Colocated
+from rlctl.trainer.loops.pipelined import Pipeline
+from rlctl.trainer.loops.source import RolloutSource
 
 
-def trainer_class(profile: Profile) -> type:
-    """The Trainer subclass for ``profile.trainer.mode`` (sync, one_step_off, async)."""
-    mode = profile.trainer.mode
-    if mode == "one_step_off":
-        from rlctl.trainer.loops.one_step_off import OneStepOffTrainer
+def rollout_source(ctx: Any) -> RolloutSource:
+    """The source for ``ctx.profile.trainer.mode``."""
+    mode = ctx.profile.trainer.mode
+    if mode == "one_step_off":  # verl's recipe/one_step_off_policy: deterministic given a seed
+        return Pipeline(ctx, exact=True, max_staleness=1)
+    if mode == "async":  # which version a batch gets depends on timing: not bit-reproducible
+        return Pipeline(ctx, exact=False, max_staleness=ctx.profile.trainer.max_staleness)
+    return Colocated(ctx)
 
-        return OneStepOffTrainer
-    if mode == "async":
-        from rlctl.trainer.loops.asynchronous import AsyncTrainer
 
-        return AsyncTrainer
+def trainer_class(profile: Profile) -> Callable[..., Any]:
+    """How ``rlctl train`` builds its loop: ``trainer_class(profile)(ctx, max_steps=, resume=)`` is
+    the one :class:`~rlctl.trainer.loops.sync.Trainer`, given the source of ``profile``'s mode."""
     from rlctl.trainer.loops.sync import Trainer
 
-    return Trainer
+    def loop(ctx: Any, **kwargs: Any) -> Trainer:
+        return Trainer(ctx, source=rollout_source(ctx), **kwargs)
+
+    return loop

@@ -1,17 +1,18 @@
-"""The driver loop: one readable function per stage of an RL step.
+"""The driver loop, one for every ``trainer.mode``: one readable function per stage of an RL step.
 
-Per step: sample prompts -> generate n responses (rollout engine) -> rewards -> old log-probs
-(training engine) -> reference log-probs (when a KL term is on) -> values (PPO) -> advantages
-(driver) -> critic and actor updates -> weight sync to the rollout engine -> metrics,
-validation, checkpoint. Everything heavy runs inside the worker groups; only the batch crosses.
+Per step: the batch from the rollout source (prompts -> n responses -> rewards, made in the step
+or ahead of it: :mod:`rlctl.trainer.loops.source`) -> old log-probs (training engine) -> reference
+log-probs (when a KL term is on) -> values (PPO) -> advantages (driver) -> critic and actor updates
+-> weight sync to the rollout engine, the new weights to the source -> metrics, validation,
+checkpoint. Everything heavy runs inside the worker groups; only the batch crosses.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
+from dataclasses import replace
 from pathlib import Path
-
-import numpy as np
 
 from rlctl.agents.driver import EpisodeRollout, agent_metrics
 from rlctl.algorithms.kl import make_kl_controller
@@ -21,10 +22,18 @@ from rlctl.log import get_logger
 from rlctl.profile import profile_to_dict
 from rlctl.tracking import Tracker
 from rlctl.tracking.run_files import atomic_dir, write_text_nofollow
+from rlctl.trainer.loops.colocated import Colocated
+from rlctl.trainer.loops.source import RolloutSource
 from rlctl.trainer.loops.stop import StopSignals
+from rlctl.trainer.plan.specs import effective_rollout_correction
 from rlctl.trainer.setup.context import RunContext
 from rlctl.trainer.state import checkpoint
-from rlctl.trainer.state.fingerprint import LogProbGapAlarm, merge_sync_metrics, skipped_tensor
+from rlctl.trainer.state.fingerprint import (
+    LogProbGapAlarm,
+    merge_push_metrics,
+    merge_sync_metrics,
+    skipped_tensor,
+)
 from rlctl.trainer.state.samples import SampleLog
 from rlctl.trainer.step.memory import peak_memory_metrics
 from rlctl.trainer.step.minibatch import layout_mini_batches
@@ -33,7 +42,6 @@ from rlctl.trainer.step.stages import (
     batch_metrics,
     compute_advantages,
     for_workers,
-    groups_with_signal,
     mean_metrics,
     trim_response_padding,
 )
@@ -42,23 +50,30 @@ log = get_logger("rlctl.trainer")
 
 
 class Trainer:
-    """Runs ``profile.trainer.steps`` RL steps over the worker groups in ``ctx``."""
+    """Runs ``profile.trainer.steps`` RL steps over the worker groups in ``ctx`` on ``source``'s batches."""
 
-    def __init__(self, ctx: RunContext, *, max_steps: int | None = None, resume: str = "auto") -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        *,
+        max_steps: int | None = None,
+        resume: str = "auto",
+        source: RolloutSource | None = None,
+    ) -> None:
         self.ctx = ctx
-        self.p = ctx.profile
+        # the profile as run: off-policy modes always correct their samples (as the workers' loss spec)
+        algo = replace(ctx.profile.algorithm, rollout_correction=effective_rollout_correction(ctx.profile))
+        self.p = replace(ctx.profile, algorithm=algo)
+        self.source = source if source is not None else Colocated(ctx)  # trainer.mode = "sync"
         self.total_steps = min(self.p.trainer.steps, max_steps or self.p.trainer.steps)
         self.resume = resume
         self.lineage = checkpoint.new_lineage()  # replaced by _restore's plan
         self.step = 0  # the last completed step
         self.train_time_s = 0.0
         self.samples = SampleLog.off()  # fit() opens the run's samples.jsonl
-        self.kl_ctrl = make_kl_controller(
-            self.p.algorithm.kl_ctrl,
-            self.p.algorithm.kl_coef,
-            self.p.algorithm.kl_target,
-            self.p.algorithm.kl_horizon,
-        )
+        a = self.p.algorithm
+        self.kl_ctrl = make_kl_controller(a.kl_ctrl, a.kl_coef, a.kl_target, a.kl_horizon)
+        self.gap_alarm = LogProbGapAlarm(self.p.trainer.max_log_prob_gap)
         mini = self.p.actor.mini_batch_prompts or self.p.trainer.prompts_per_step
         self.mini_batch_prompts = mini
         # One epoch over one mini-batch without KL-in-reward: the update's own log-probs equal the
@@ -75,6 +90,7 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
         resumed_from = self._restore()
+        self.source.load(resumed_from)
         self.tracker = Tracker(
             self.ctx.run_dir,
             self.p.trainer.loggers,
@@ -93,41 +109,39 @@ class Trainer:
 
     def _fit(self) -> dict[str, float]:
         last: dict[str, float] = {}
-        if self.step == 0 and self.p.trainer.val_at_start:
-            last = self.validate()
-            if last:
-                self.tracker.log(last, step=0)
-        with StopSignals(self.p.trainer.stop_grace_s) as stop:
-            while self.step < self.total_steps:
-                try:
-                    metrics = self.train_step(self.step + 1)
-                except WorkerError as exc:
-                    raise self._record(exc.with_step(self.step + 1)) from exc
-                except RunError as exc:
-                    raise self._record(RunError(f"step {self.step + 1}: {exc}")) from exc
-                self.step += 1
-                if self._due(self.p.trainer.val_every):
-                    metrics.update(self.validate())
-                self.tracker.log(metrics, step=self.step)
-                last = metrics
-                if self._due(self.p.trainer.save_every) or stop.requested:
-                    self.save()
-                if stop.requested:
-                    raise stop.stopped(self.step)
-        if self.p.trainer.export_hf:
-            with atomic_dir(self.ctx.run_dir / "hf") as tmp:  # a full disk leaves no half export
-                self.ctx.policy.export_hf(str(tmp))
-                self.ctx.tokenizer.save_pretrained(str(tmp))
+        with self.source.running(self.rollout, done=self.step, last=self.total_steps):
+            if self.step == 0 and self.p.trainer.val_at_start:
+                last = self.validate()
+                if last:
+                    self.tracker.log(last, step=0)
+            with StopSignals(self.p.trainer.stop_grace_s) as stop:
+                while self.step < self.total_steps:
+                    try:
+                        metrics = self.train_step(self.step + 1)
+                    except WorkerError as exc:
+                        raise self._record(exc.with_step(self.step + 1)) from exc
+                    except RunError as exc:
+                        raise self._record(RunError(f"step {self.step + 1}: {exc}")) from exc
+                    self.step += 1
+                    if self._due(self.p.trainer.val_every):
+                        metrics.update(self.validate())
+                    self.tracker.log(metrics, step=self.step)
+                    last = metrics
+                    if self._due(self.p.trainer.save_every) or stop.requested:
+                        self.save()
+                    if stop.requested:
+                        raise stop.stopped(self.step)
+            if self.p.trainer.export_hf:
+                with atomic_dir(self.ctx.run_dir / "hf") as tmp:  # a full disk leaves no half export
+                    self.ctx.policy.export_hf(str(tmp))
+                    self.ctx.tokenizer.save_pretrained(str(tmp))
         return last
-
-    def memory_groups(self) -> dict:
-        """The worker groups whose peak memory each step reads (``memory/*``)."""
-        return {"policy": self.ctx.policy, "ref": self.ctx.ref, "critic": self.ctx.critic}
 
     def train_step(self, step: int) -> dict[str, float]:
         timer = StageTimer()
         start = time.perf_counter()
-        batch, metrics = self.rollout(timer, step)
+        rollout = self.source.next(step, timer)  # batch `step`, generated and scored, its versions
+        batch, metrics = rollout.batch, dict(rollout.metrics)
         self.samples.training(batch, step)
         batch = trim_response_padding(batch)
         batch.meta["step"] = step
@@ -150,106 +164,97 @@ class Trainer:
         with timer("update_actor"):
             metrics.update(mean_metrics(self.ctx.policy.update_actor(self._laid_out(batch, self.ctx.policy))))
         with timer("sync"):  # then the check that the rollout engine holds the new weights
-            sync_metrics = self.sync_rollout(step)
-        metrics.update(peak_memory_metrics(self.memory_groups()))  # a call per group: on the clock
+            colocated_due = self.source.colocated or self._due(self.p.trainer.val_every, step)
+            sync_metrics = self.sync_rollout(step) if colocated_due else {}
+        groups = {"policy": self.ctx.policy, "ref": self.ctx.ref, "critic": self.ctx.critic}
+        metrics.update(peak_memory_metrics(groups))  # a call per group: on the clock
+        self.source.publish(step, timer)
         step_s = time.perf_counter() - start
         self.train_time_s += step_s
         tokens = float(batch.batch["attention_mask"].sum())
         metrics.update(adv_metrics)
         metrics.update(batch_metrics(batch, self.p.rollout.max_new_tokens, self.ctx.stop_ids))
         metrics.update(agent_metrics(batch.batch))
-        metrics.update(self._checked_sync(sync_metrics, metrics, step))
+        # the rollout-vs-trainer log-prob gap alarm (``trainer.max_log_prob_gap``); a batch older
+        # than the policy it trains has a gap that is mostly the policy's own move: async/ instead
+        if int(rollout.lag(step).max()) > 0:
+            for k in ("log_prob_diff_mean", "log_prob_diff_max"):
+                if f"rollout/{k}" in metrics:
+                    metrics[f"async/{k}"] = metrics.pop(f"rollout/{k}")
+        self.gap_alarm.check(metrics, step)
+        # the checks of the weights the batch was made with (a pipeline's pushes, in its metrics)
+        # and of this step's sync (a mismatch already failed it) as one record, the worse
+        metrics.update({**sync_metrics, **merge_push_metrics([sync_metrics, metrics])})
         metrics.update(timer.metrics())
         metrics.update(
             {"time/step": step_s, "train_time_s": self.train_time_s, "perf/tokens_per_s": tokens / step_s}
         )
+        metrics.update(self.source.staleness(rollout, step))
         return metrics
 
     # -- stages ------------------------------------------------------------------------------------
-    def rollout(self, timer: StageTimer, step: int) -> tuple[DataProto, dict[str, float]]:
-        """Prompts -> n scored responses each; DAPO's dynamic sampling keeps only informative groups.
-
-        Dynamic sampling (verl's recipe/dapo/dapo_ray_trainer.py) keeps the groups whose
-        ``algorithm.dynamic_sampling_metric`` (accuracy by default, never the length-shaped reward)
-        varies and generates more rounds until the batch is full or ``max_sampling_rounds`` is
-        spent. Where verl then raises, the batch is refilled with zero-signal groups, and that is
-        reported: ``dapo/refilled_groups`` and a warning. Error/timeout counts add up over every
-        scoring pass of the step (all rounds, ReMax's baseline).
-        """
-        from rlctl.algorithms.dapo import dynamic_sampling_values
+    def rollout(self, timer: StageTimer, step: int, sampler=None) -> tuple[DataProto, dict[str, float]]:
+        """Prompts -> n scored responses each, sampled on ``sampler`` (default: the policy's colocated
+        engine); DAPO's dynamic sampling keeps only groups with signal (``step/dynamic_sampling``).
+        Error/timeout counts add up over every scoring pass of the step (all rounds, ReMax's)."""
+        from rlctl.trainer.step.dynamic_sampling import GroupRounds
         from rlctl.trainer.step.scoring import add_counts
 
         algo = self.p.algorithm
-        need = self.p.sequences_per_step
-        kept: list[DataProto] = []
-        dropped: list[DataProto] = []
+        groups = GroupRounds(algo, self.p.sequences_per_step, self.p.rollout.n)
         counts: dict[str, float] = {}
-        rounds = 0
-        while True:
-            rounds += 1
+        for round_ in itertools.count(1):
             with timer("gen"):
                 prompts = self.ctx.train_data.next_batch()
-                batch = self.generate(prompts, self.p.rollout.n, seed=self._seed(step, rounds))
+                batch = self.generate(
+                    prompts, self.p.rollout.n, seed=self._seed(step, round_), sampler=sampler
+                )
             with timer("reward"):
                 batch, scored = self.score(batch)
                 add_counts(counts, scored)
                 if algo.adv_estimator == "remax":
-                    batch, scored = self._remax_baseline(prompts, batch, step)
+                    batch, scored = self._remax_baseline(prompts, batch, step, sampler)
                     add_counts(counts, scored)
             if not algo.dynamic_sampling:
                 return batch, counts
-            values = dynamic_sampling_values(batch.batch, algo.dynamic_sampling_metric)
-            keep = groups_with_signal(values, batch.non_tensor["uid"])
-            kept.append(batch[np.flatnonzero(keep)])
-            dropped.append(batch[np.flatnonzero(~keep)])
-            have = sum(len(b) for b in kept)
-            if have >= need or rounds >= algo.max_sampling_rounds:
+            if groups.add(batch):
                 break
-        full = DataProto.concat([b for b in kept + dropped if len(b)])[:need]
-        n = self.p.rollout.n
-        refilled = max(0, need - have) // n
-        if refilled:
+        if groups.refilled:
             log.warning(
                 "dynamic sampling ran out of rounds: refilled the batch with groups without signal",
                 step=step,
-                refilled_groups=refilled,
-                groups=need // n,
-                rounds=rounds,
+                refilled_groups=groups.refilled,
+                groups=groups.need // groups.n,
+                rounds=groups.rounds,
                 metric=algo.dynamic_sampling_metric,
                 hint="raise algorithm.max_sampling_rounds, or the data is too easy/hard for the policy",
             )
-        counts.update(
-            {
-                "dapo/rounds": float(rounds),
-                "dapo/kept_groups": float(min(have, need) // n),
-                "dapo/refilled_groups": float(refilled),
-                "dapo/kept_fraction": min(1.0, have / need),
-            }
-        )
-        return full, counts
+        return groups.batch(), {**counts, **groups.metrics()}
 
     def generate(
-        self, prompts: DataProto, n: int, *, seed: int, validation: bool = False, greedy: bool = False
+        self,
+        prompts: DataProto,
+        n: int,
+        *,
+        seed: int,
+        validation: bool = False,
+        greedy: bool = False,
+        sampler=None,
     ) -> DataProto:
-        """n responses per prompt (rows of one prompt adjacent), with the prompt's columns carried.
+        """n responses per prompt (rows of one prompt adjacent), with the prompt's columns carried,
+        from ``sampler``'s ``generate_sequences`` (default: the policy's colocated engine).
 
         ``greedy`` forces argmax decoding whatever the sampling settings say. In multi-turn mode
-        each row is an episode (:class:`~rlctl.agents.driver.EpisodeRollout`).
+        each row is an episode (:class:`~rlctl.agents.driver.EpisodeRollout`, colocated only).
         """
         if self.episodes is not None:
             return self.episodes.generate(prompts, n, seed=seed, validation=validation, greedy=greedy)
-        return self._sample_on(self.ctx.policy, prompts, n, seed=seed, validation=validation, greedy=greedy)
-
-    def _sample_on(
-        self, group, prompts: DataProto, n: int, *, seed: int, validation: bool, greedy: bool
-    ) -> DataProto:
-        """``group.generate_sequences`` on each prompt repeated ``n`` times, the prompts' columns carried."""
         rows = prompts.repeat(n, interleave=True)
         request = rows.select(["input_ids", "attention_mask"])
         request.meta.update(self.ctx.sampling(validation=validation), seed=seed)
         if greedy:
             request.meta["greedy"] = True
-        out = group.generate_sequences(request)
+        out = (self.ctx.policy if sampler is None else sampler).generate_sequences(request)
         return DataProto.from_dict(
             tensors=out.batch,
             non_tensors=rows.non_tensor,
@@ -275,12 +280,12 @@ class Trainer:
         return layout_mini_batches(for_workers(batch), uids, self.mini_batch_prompts, group.dp_size)
 
     def _remax_baseline(
-        self, prompts: DataProto, batch: DataProto, step: int
+        self, prompts: DataProto, batch: DataProto, step: int, sampler=None
     ) -> tuple[DataProto, dict[str, float]]:
         """ReMax's baseline: the reward of one greedy response per prompt (always greedy, as verl,
         whatever the validation sampling settings are), with that scoring pass's counts. The
         step's reward metrics stay those of the sampled responses."""
-        out = self.generate(prompts, 1, seed=self._seed(step, 0), greedy=True)
+        out = self.generate(prompts, 1, seed=self._seed(step, 0), greedy=True, sampler=sampler)
         scored, counts = self.score(out)
         baseline = scored.batch["scores"].float().repeat_interleave(self.p.rollout.n)
         return batch.union(DataProto.from_dict(tensors={"reward_baselines": baseline})), counts
@@ -289,15 +294,17 @@ class Trainer:
         """Greedy accuracy on the validation prompts (not counted in the training clock).
 
         Scored without training-time shaping: ``val/score_mean`` is the scorer's own mean score.
+        Always on the policy's colocated engine, with the source paused (never both on the cores).
         """
         if self.ctx.val_prompts is None:
             return {}
         start = time.perf_counter()
-        generated = self.generate(self.ctx.val_prompts, 1, seed=0, validation=True)
-        try:
-            batch, _ = self.score(generated, shaping=False)
-        except RunError as exc:
-            raise self._record(RunError(f"validation after step {self.step}: {exc}")) from exc
+        with self.source.paused():
+            generated = self.generate(self.ctx.val_prompts, 1, seed=0, validation=True)
+            try:
+                batch, _ = self.score(generated, shaping=False)
+            except RunError as exc:
+                raise self._record(RunError(f"validation after step {self.step}: {exc}")) from exc
         out = {
             "val/score_mean": batch.batch["scores"].float().mean().item(),
             "time/val": time.perf_counter() - start,
@@ -316,13 +323,12 @@ class Trainer:
         state = {
             "step": self.step,
             "train_time_s": self.train_time_s,
-            "data": self.ctx.train_data.state_dict(),
+            "data": self.source.prompt_state(),
             "kl_ctrl": self.kl_ctrl.state_dict(),
             "rng": checkpoint.rng_state(),
             "world_size": self.ctx.policy.world_size,
             "roles": self._checkpointed_roles(),
         }
-
         try:
             where = checkpoint.save_checkpoint(
                 self.ctx.run_dir,
@@ -339,10 +345,12 @@ class Trainer:
         log.info("checkpoint saved", step=self.step, path=str(where))
 
     def _write_parts(self, path: Path) -> None:
-        """What the checkpoint holds beside the driver state: each role's shards."""
+        """What the checkpoint holds beside the driver state: each role's shards, and what the
+        source made ahead that a resume cannot make again."""
         self.ctx.policy.save_checkpoint(str(path))
         if self.ctx.critic is not None:
             self.ctx.critic.save_checkpoint(str(path))
+        self.source.save(path, self.step)
 
     def _checkpointed_roles(self) -> list[str]:
         return ["policy"] + (["critic"] if self.ctx.critic is not None else [])
@@ -373,15 +381,6 @@ class Trainer:
         checkpoint.check_carries_over(path, state, self._checkpointed_roles())
 
     # -- helpers ---------------------------------------------------------------------------------------
-    def _checked_sync(self, sync: dict[str, float], metrics: dict[str, float], step: int) -> dict[str, float]:
-        """The step's ``sync/*`` and ``rollout/weight_version`` metrics, after the log-prob gap alarm
-        (``trainer.max_log_prob_gap``) had its look at ``metrics``; a mismatch already failed the sync."""
-        alarm = getattr(self, "_gap_alarm", None)
-        if alarm is None:
-            alarm = self._gap_alarm = LogProbGapAlarm(self.p.trainer.max_log_prob_gap)
-        alarm.check(metrics, step)
-        return sync
-
     def _record(self, exc: RunError) -> RunError:
         """Keep the full failure (remote traceback included) in RUN_DIR/error.log; return it to raise."""
         try:

@@ -1,0 +1,185 @@
+"""``trainer.mode`` one_step_off and async: batches generated ahead of the trainer, on workers of their own.
+
+:class:`Pipeline` runs the loop's rollout stage (prompts, generation, rewards, DAPO's rounds) for
+batch ``b`` on a thread of its own while step ``b - 1`` trains, on rollout workers in their own
+pool (:mod:`rlctl.trainer.workers.rollout`). Two rules make a mode (``loops/modes.py``):
+
+- ``max_staleness``: batch ``b`` is generated only with a version ``>= b - max_staleness``
+  (:class:`~rlctl.trainer.loops.pipeline.RolloutPipeline` holds the gate), so no trained sample
+  lags further; checked again when the step logs it (``async/staleness_*``).
+- ``exact``: batch ``b`` uses exactly version ``max(first, b - max_staleness)``, whatever the
+  threads' timing (one_step_off: reproducible given a seed); otherwise the newest published one
+  (async).
+
+After each update the loop publishes the policy's weights (``PolicyWorker.full_weights``, not
+waited for: the rollout workers fetch rank 0's copy themselves), and the thread loads them into
+the rollout workers before its next generation, where each push is checked (fingerprint, and
+canary where due); those ``sync/*`` travel with every batch generated under those weights.
+Every sample is corrected (decoupled PPO): ``rollout_is_weights = exp(old_log_prob -
+rollout_log_prob)`` multiply the policy loss (``algorithm.rollout_correction = "off"`` means token
+level here: :func:`~rlctl.trainer.plan.specs.effective_rollout_correction`).
+
+Validation runs on the policy's colocated engine, synced only before one, and pauses the thread
+(:meth:`Pipeline.paused`), so the two never share the cores. A checkpoint of an exact pipeline
+holds the next batch, generated with weights the checkpoint does not hold (``loops/pending.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlctl.dispatch.futures import LazyInput
+from rlctl.errors import RunError, UserError
+from rlctl.trainer.loops.pending import load_pending, save_pending
+from rlctl.trainer.loops.pipeline import Produced, RolloutPipeline
+from rlctl.trainer.loops.source import Rollout, RolloutStage
+from rlctl.trainer.state.fingerprint import merge_push_metrics
+from rlctl.trainer.step.memory import peak_memory_metrics
+from rlctl.trainer.step.stages import StageTimer
+from rlctl.trainer.workers.rollout import spawn_rollout_group
+
+
+def staleness_metrics(versions: torch.Tensor, step: int) -> dict[str, float]:
+    """``async/*``: how many policy versions the step's samples lag the policy they train."""
+    lag = (step - versions).float()
+    return {
+        "async/staleness_mean": lag.mean().item(),
+        "async/staleness_max": lag.max().item(),
+        "async/weight_version_min": versions.min().item(),
+        "async/weight_version_max": versions.max().item(),
+        "rollout/weight_version": versions.min().item(),
+    }
+
+
+class Pipeline:
+    """Batches made ahead on the rollout workers, at most ``max_staleness`` versions old."""
+
+    colocated = False
+
+    def __init__(self, ctx: Any, *, exact: bool, max_staleness: int) -> None:
+        self.ctx, self.exact, self.max_staleness = ctx, exact, max_staleness
+        self.prompts = ctx.train_data  # drawn from by the thread, ahead of the trainer
+        self.consumed: dict | None = None  # the stream's position after the last batch trained
+        self.gate = threading.Lock()  # held by a generation or a validation: never both at once
+        self.ready: list[Produced] = []  # batches a resumed checkpoint brought
+        self.stage: RolloutStage | None = None
+        self.group = None  # the rollout workers, while running
+        self.pipeline: RolloutPipeline | None = None
+        self.push_checks: dict[str, float] = {}  # the checks of the weights the rollout workers hold
+
+    # -- the loop's side -----------------------------------------------------------------------------
+    @contextmanager
+    def running(self, stage: RolloutStage, *, done: int, last: int) -> Iterator[None]:
+        """The rollout workers and the thread for batches ``done + 1 .. last``. An exact pipeline
+        runs to the profile's last step even when ``--max-steps`` stops earlier, so its last
+        checkpoint holds the next batch, one update stale as the uninterrupted run's."""
+        self.stage = stage
+        self.group, pool = spawn_rollout_group(self.ctx)
+        try:
+            self._check_rollout_log_probs()
+            ready, self.ready = self.ready, []
+            version = done + 1  # the policy's weights now: version s + 1 after step s
+            self.pipeline = RolloutPipeline(
+                self._produce,
+                self._push,
+                first=version + len(ready),
+                last=self.ctx.profile.trainer.steps if self.exact else last,
+                version=version,
+                weights=self._weights(version),
+                max_staleness=self.max_staleness,
+                exact=self.exact,
+                ready=ready,
+            ).start()
+            try:
+                yield
+            finally:
+                self.pipeline.close()
+        finally:
+            self.group.shutdown()
+            pool.release()
+
+    def next(self, step: int, timer: StageTimer) -> Rollout:
+        """Batch ``step`` from the thread; ``time/gen`` and ``time/reward`` are its own (overlapped)
+        seconds, ``time/wait_rollout`` what the trainer waited for it."""
+        item, waited = self.pipeline.next(step)
+        timer.seconds.update(item.seconds)
+        timer.seconds["wait_rollout"] = waited
+        self.consumed = item.data_state
+        return Rollout(item.batch, item.batch.batch["weight_version"], dict(item.counts))
+
+    def publish(self, step: int, timer: StageTimer) -> None:
+        with timer("publish"):
+            self.pipeline.publish(step + 1, self._weights(step + 1))
+
+    def staleness(self, rollout: Rollout, step: int) -> dict[str, float]:
+        out = staleness_metrics(rollout.versions, step)
+        if out["async/staleness_max"] > self.max_staleness:  # the pipeline's gate makes this impossible
+            raise RunError(
+                f"sample staleness {out['async/staleness_max']:g} above the bound {self.max_staleness}"
+            )
+        return out
+
+    def paused(self) -> threading.Lock:
+        return self.gate
+
+    def prompt_state(self) -> dict:
+        """Where the trainer is in the prompt stream, however far ahead the thread has drawn."""
+        return self.consumed if self.consumed is not None else self.prompts.state_dict()
+
+    def save(self, checkpoint: Path, step: int) -> None:
+        """An exact pipeline's next batch, generated with the weights before this step's update (a
+        latest pipeline's depend on thread timing anyway: they are generated again)."""
+        if not self.exact or self.pipeline is None or step >= self.ctx.profile.trainer.steps:
+            return
+        item = self.pipeline.peek(step + 1)
+        save_pending(checkpoint, [item] if item.version <= step else [])
+
+    def load(self, checkpoint: Path | None) -> None:
+        """The batches the checkpoint holds come first; the thread draws after their prompts."""
+        self.ready = load_pending(checkpoint) if checkpoint is not None else []
+        if self.ready:
+            consumed = self.prompts.state_dict()
+            self.prompts.load_state_dict(self.ready[-1].data_state)
+            self.consumed = consumed
+
+    # -- the rollout thread's side -------------------------------------------------------------------
+    def _produce(self, index: int, version: int) -> Produced:
+        timer = StageTimer()
+        with self.gate:
+            batch, counts = self.stage(timer, index, self.group)
+        versions = batch.batch["weight_version"]
+        if int(versions.min()) < self.pipeline.required(index):
+            raise RunError(f"batch {index} has samples of version {int(versions.min())}, older than allowed")
+        counts = {**counts, **self.push_checks}  # the checks of the weights it was generated with
+        # the rollout workers' peak, read here between their calls (from the trainer's thread the
+        # call would wait behind their next generation)
+        counts.update(peak_memory_metrics({"rollout": self.group}))
+        return Produced(index, batch, version, counts, dict(timer.seconds), self.prompts.state_dict())
+
+    def _push(self, version: int, weights: LazyInput) -> None:
+        """Load ``version`` into the rollout workers; each checks it (``sync/fingerprint_*``, and
+        ``sync/canary_*`` where the canary is due)."""
+        self.push_checks = merge_push_metrics(self.group.update_weights(weights, version))
+
+    def _weights(self, version: int) -> LazyInput:
+        """The policy's current weights (version ``version``) as a stand-in the rollout workers
+        resolve themselves: rank 0's host copy moves worker to worker (Ray's object store); the
+        trainer does not wait."""
+        return self.ctx.policy.full_weights(version, blocking=False).lazy(("item", 0))
+
+    def _check_rollout_log_probs(self) -> None:
+        p = self.ctx.profile
+        r = p.rollout
+        gap = self.group.rollout_log_prob_gap(r.temperature, r.top_p, r.top_k)
+        if gap:
+            raise UserError(
+                f"{p.source}: trainer.mode = {p.trainer.mode!r} corrects off-policy samples "
+                f"with the rollout engine's log-probs under log_softmax(logits / T), but {gap}; use "
+                "trainer.mode = 'sync' or change the sampling settings"
+            )
