@@ -220,15 +220,8 @@ class Trainer:
             if groups.add(batch):
                 break
         if groups.refilled:
-            log.warning(
-                "dynamic sampling ran out of rounds: refilled the batch with groups without signal",
-                step=step,
-                refilled_groups=groups.refilled,
-                groups=groups.need // groups.n,
-                rounds=groups.rounds,
-                metric=algo.dynamic_sampling_metric,
-                hint="raise algorithm.max_sampling_rounds, or the data is too easy/hard for the policy",
-            )
+            message = "dynamic sampling ran out of rounds: refilled the batch with groups without signal"
+            log.warning(message, step=step, **groups.refill_report())
         return groups.batch(), {**counts, **groups.metrics()}
 
     def generate(

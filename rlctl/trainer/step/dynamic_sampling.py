@@ -47,6 +47,16 @@ class GroupRounds:
         """``need`` rows: the kept groups first, then dropped ones as refill."""
         return DataProto.concat([b for b in self.kept + self.dropped if len(b)])[: self.need]
 
+    def refill_report(self) -> dict:
+        """What the loop's warning says when the rounds ran out before the batch was full."""
+        return {
+            "refilled_groups": self.refilled,
+            "groups": self.need // self.n,
+            "rounds": self.rounds,
+            "metric": self.metric,
+            "hint": "raise algorithm.max_sampling_rounds, or the data is too easy/hard for the policy",
+        }
+
     def metrics(self) -> dict[str, float]:
         have, need = self.have, self.need
         return {
