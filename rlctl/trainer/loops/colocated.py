@@ -37,7 +37,7 @@ class Colocated:
 
     def next(self, step: int, timer: StageTimer) -> Rollout:
         """Batch ``step``, of version ``step`` by construction: the previous step's sync (for step 1,
-        the workers' start) loaded it, and its fingerprint and canary checked the engine holds it."""
+        the workers' start) loaded it, and its fingerprint (and canary, where due) checked it."""
         batch, metrics = self.stage(timer, step, self.ctx.policy)
         return Rollout(batch, torch.full((len(batch),), step, dtype=torch.long), metrics)
 
