@@ -74,3 +74,18 @@ def test_device_count_child_is_what_doctor_runs():
     bad = RuntimeSpec("ipu", "gloo", "IPU", None, "no_such_vendor_module").to_json()
     err = subprocess.run([*run, bad], capture_output=True, text=True, env=env, timeout=120)
     assert err.returncode != 0 and "no_such_vendor_module" in err.stderr
+
+
+def test_rlctl_plan_never_loads_the_runtime_half():
+    """``rlctl plan`` reads only the declarative half: neither torch nor rlctl.devices is imported."""
+    code = (
+        "import sys\nfrom rlctl.cli.main import main\ntry:\n    main(['plan', sys.argv[1]])\n"
+        "except SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'rlctl.devices') if m in sys.modules), file=sys.stderr)"
+    )
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(REPO / "profiles/tiny-cpu.toml")],
+        capture_output=True, text=True, env=env, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert proc.stderr.strip().splitlines()[-1] == "[]", proc.stderr[-2000:]
