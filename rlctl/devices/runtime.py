@@ -112,4 +112,5 @@ def runtime_of(device: torch.device | str) -> DeviceRuntime:
         return DeviceRuntime(RuntimeSpec())
     backends = getattr(torch.distributed, "Backend", None)
     default = getattr(backends, "default_device_backend_map", {}) if backends is not None else {}
-    return DeviceRuntime(RuntimeSpec(device_type, default.get(device_type, "gloo"), device_type.upper()))
+    # no Ray resource: an engine schedules nothing
+    return DeviceRuntime(RuntimeSpec(device_type, default.get(device_type, "gloo"), ray_resource=""))

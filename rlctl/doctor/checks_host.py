@@ -107,13 +107,8 @@ def check_busy_devices(p: Platform) -> list[Check]:
     procs = p.probe().details.get("processes") or []
     if not procs:
         return []
-    where = "; ".join(
-        f"NPU {q['npu']}"
-        + (f" chip {q['chip']}" if "chip" in q else "")
-        + f" pid {q['pid']}"
-        + (f" ({q['memory_mb']} MB)" if "memory_mb" in q else "")
-        for q in procs[:4]
-    ) + (f" (+{len(procs) - 4} more)" if len(procs) > 4 else "")
+    where = "; ".join(p.process_line(q) for q in procs[:4])
+    where += f" (+{len(procs) - 4} more)" if len(procs) > 4 else ""
     vis = p.visible_devices_env or "the visible-devices variable"
     return [
         warned(

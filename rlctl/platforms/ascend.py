@@ -62,6 +62,12 @@ class AscendPlatform(Platform):
             )
         return passed("torch", f"{build} + torch_npu {npu.version}", "torch")
 
+    def process_line(self, proc: dict[str, Any]) -> str:
+        """npu-smi's process table row: NPU, chip, pid, memory."""
+        chip = f" chip {proc['chip']}" if "chip" in proc else ""
+        mem = f" ({proc['memory_mb']} MB)" if "memory_mb" in proc else ""
+        return f"NPU {proc['npu']}{chip} pid {proc['pid']}{mem}"
+
     def driver_check(self, details: dict[str, Any]) -> Check | None:
         if details.get("cann_version"):
             return None

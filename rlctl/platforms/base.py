@@ -323,6 +323,12 @@ class Platform:
         """A WARN/FAIL about the driver stack the probe read (``details``); None: it is fine."""
         return None
 
+    def process_line(self, proc: dict[str, Any]) -> str:
+        """One process the probe saw holding device memory (``details["processes"]``), as doctor's
+        devices-busy row names it."""
+        mem = f" ({proc['memory_mb']} MB)" if "memory_mb" in proc else ""
+        return f"device {proc.get('device', '?')} pid {proc.get('pid', '?')}{mem}"
+
     def describe(self) -> dict[str, Any]:
         """A JSON-able summary (doctor prints it)."""
         return {
