@@ -1,5 +1,5 @@
 """The platform's runtime half: its devices as torch sees them (device module, ``set_device``,
-memory statistics, collective backend, visibility).
+memory statistics, collective backend).
 
 The declarative half (:mod:`rlctl.platforms`) never imports torch; it hands out a
 :class:`~rlctl.platforms.runtime_spec.RuntimeSpec`, and :class:`DeviceRuntime` here turns that into torch

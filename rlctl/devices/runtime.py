@@ -98,11 +98,6 @@ class DeviceRuntime:
         fn = getattr(self.module, "max_memory_allocated", None)
         return None if fn is None else int(fn())
 
-    def visible_devices(self, env: dict[str, str]) -> str | None:
-        """The value of the platform's visible-devices variable in ``env`` (None: unset or CPU)."""
-        var = self.spec.visible_devices_env
-        return env.get(var) if var else None
-
 
 def runtime_of(device: torch.device | str) -> DeviceRuntime:
     """The runtime of an engine's ``device`` when only the device is known (engines get a torch

@@ -111,3 +111,22 @@ def test_an_accelerator_pool_without_the_platforms_spec_is_refused():
         spawn_colocated(ResourcePool(1, 1, "TOYPU"), {"w": WhereAmI}, backend="inprocess")
     with pytest.raises(UserError, match="not the platform's Ray resource 'TOYPU'"):
         ResourcePool(1, 1, "GPU", runtime=toy({"TOY_DEVICES": "1"}).runtime_spec())
+
+
+def test_unreadable_or_malformed_pin_data_is_one_line_naming_the_file(tmp_path):
+    from rlctl.platforms.pin_checks import evaluate_pins
+    from tests.platforms.toy_vendor.toy import ToyPlatform
+
+    class Missing(ToyPlatform):
+        pin_data = str(tmp_path / "nowhere.toml")
+
+    with pytest.raises(UserError, match="nowhere.toml: the platform's pin data cannot be read"):
+        evaluate_pins(Missing(Host(env={})))
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[pin]]\nid = "x"\nkind = "env"\n')
+
+    class Malformed(ToyPlatform):
+        pin_data = str(bad)
+
+    with pytest.raises(UserError, match=r"bad.toml: pin\[0\] \(x\): key 'source'"):
+        evaluate_pins(Malformed(Host(env={})))
