@@ -67,6 +67,7 @@ import torch
 
 from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.engines.sampling import filter_top_k_top_p
+from tests.engines import fake_vllm_tp
 from tests.engines.fake_vllm_lora import LoraHolder, SGLangLoras, lora_modules
 
 SURFACES = Path(__file__).parent / "surfaces"
@@ -315,7 +316,11 @@ def make_fake_vllm(
         self.hf = HFRolloutEngine(given["model"])
         module, cls = args.worker_extension_cls.rsplit(".", 1)
         ext = getattr(__import__(module, fromlist=[cls]), cls)
-        self.worker = type("WorkerWithExtension", (Worker, ext), {})(self.hf)
+        self.tp = int(getattr(args, "tensor_parallel_size", None) or 1)
+        if self.tp > 1:  # one TP worker in this process (tests/engines/fake_vllm_tp.py)
+            self.worker = fake_vllm_tp.tp_worker(args, ext, self.hf, self.tp)
+        else:
+            self.worker = type("WorkerWithExtension", (Worker, ext), {})(self.hf)
         self.lora = (engine_mod.LLMEngine if engine_mod else LoraHolder)(args, self.hf, calls)
         if engine_mod is not None:
             self.llm_engine = self.lora
@@ -335,6 +340,8 @@ def make_fake_vllm(
         if self.sleeping:
             raise RuntimeError("CUDA error: an illegal memory access was encountered (engine asleep)")
         self.lora.use(lora_request)
+        if self.tp > 1:  # sample from what the TP group's shards hold
+            fake_vllm_tp.refresh_hf(self.worker, self.hf)
         if lora_request is not None:
             calls.append(("lora_request", lora_request.lora_int_id, lora_request.lora_name))
         params = (
@@ -373,7 +380,7 @@ def make_fake_vllm(
         return results
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        calls.append(("collective_rpc", method, len(args[0])))
+        calls.append(("collective_rpc", method, len(args[0]) if args else 0))
         if "weights" in self.sleeping:
             raise RuntimeError("CUDA error: weights are asleep")
         return [getattr(self.worker, method)(*args, **(kwargs or {}))]

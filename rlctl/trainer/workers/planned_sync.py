@@ -2,8 +2,9 @@
 (:mod:`rlctl.reshard`), bucket by bucket.
 
 At rollout TP 1 every rank ends with whole HF tensors (layout ``hf``); at TP > 1 the planner writes
-straight into the tensor-parallel engine's own pieces (layout ``hf_tp``, the engine's
-``local_tensors()`` as the outputs), so no rank materialises a tensor it does not hold and the
+straight into the tensor-parallel engine's own pieces (the engine's ``reshard_format``: ``hf_tp``
+for the HF engine, ``vllm`` for vLLM's merged and padded shards; its ``local_tensors()`` as the
+outputs), so no rank materialises a tensor it does not hold and the
 extra memory stays within one bucket (``stats["peak_extra_bytes"]``).
 """
 
@@ -40,7 +41,7 @@ def planned_sync(
         local_shards=dict(worker.actor.export_weights("sharded")),
         bucket_bytes=SYNC_BUCKET_BYTES,
         rank_order=order,
-        fmt="hf_tp" if tp > 1 else "hf",
+        fmt=getattr(worker.rollout, "reshard_format", "hf_tp") if tp > 1 else "hf",
         out=dict(without(worker.rollout.local_tensors().items(), skip)) if tp > 1 else None,
         stats=stats,
     )
