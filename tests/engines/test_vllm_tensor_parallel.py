@@ -88,6 +88,21 @@ def splits_dim(name: str) -> int:
     return 1 if name.endswith(("o_proj.weight", "down_proj.weight")) else 0
 
 
+@pytest.mark.parametrize(("q", "tie"), [(2, False), (4, True)])
+def test_the_bench_checks_its_bytes_against_the_loaders(tmp_path, q, tie):
+    """``rlctl bench reshard`` checks every moved byte against ``reshard/verify.vllm_shard``: that
+    reference is what the fake's loaders keep, rank by rank."""
+    from rlctl.reshard.verify import vllm_shard
+
+    config = AutoConfig.from_pretrained(make_model(tmp_path / "m", tie=tie, vocab_size=100))
+    full = _full(config)
+    for t in range(q):
+        want = _reference(config, full, q, t)
+        got = vllm_shard(full, config.to_dict(), t, q)
+        assert sorted(got) == sorted(want)
+        assert all(torch.equal(got[n], want[n]) for n in want)
+
+
 def test_impossible_splits_are_named():
     heads = tp_shards.Heads(num_heads=9, num_kv_heads=3, intermediate=1536, vocab=49152)
     assert tp_shards.why_not(heads, 2) == "2 does not divide the model's num_attention_heads (9)"

@@ -68,12 +68,14 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         else "a tensor-parallel degree dividing the query heads, with KV heads a multiple or divisor of it",
     )
     if tp > 1:
+        runs = hf or rollout.engine == "vllm"
+        kv_note = f", each KV head on {tp // kv} ranks" if not hf and tp > kv and heads_ok else ""
         check(
             "rollout engine / tensor_parallel",
-            hf,
-            f"{rollout.engine} at tensor-parallel {tp}"
-            + (f", TP groups {p_order(p)}" if hf and world % tp == 0 and heads_ok else ""),
-            f"rollout.engine = 'hf' (the {rollout.engine} adapter runs tensor-parallel 1 so far) "
+            runs,
+            f"{rollout.engine} at tensor-parallel {tp}{kv_note}"
+            + (f", TP groups {p_order(p)}" if runs and world % tp == 0 and heads_ok else ""),
+            f"rollout.engine = 'hf' or 'vllm' (the {rollout.engine} adapter runs tensor-parallel 1 so far) "
             "or rollout.tensor_parallel = 1",
         )
     padded = rows_per_rank * world - rows
