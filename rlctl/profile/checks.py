@@ -79,16 +79,16 @@ def check_profile(profile: Profile, origins: dict[str, Path]) -> None:
 
 
 def _check_rollout_tp(profile: Profile, fail: Callable[[str, str], None]) -> None:
-    """Where rollout tensor parallelism runs: the HF or the vLLM engine colocated with the trainer
-    (sync mode), a plain single-turn policy. Each other case is refused naming what stands in the way."""
+    """Where rollout tensor parallelism runs: the HF, vLLM or SGLang engine colocated with the
+    trainer (sync mode; SGLang's replica inside one node), a plain single-turn policy. Each other case is refused naming what stands in the way."""
     tp = profile.rollout.tensor_parallel
     if tp == 1:
         return
     blockers = {
         "rollout.engine": (
-            profile.rollout.engine == "sglang",
-            f"{profile.rollout.engine!r} rollout runs at tensor-parallel 1 only so far (one engine copy "
-            "per rank); the HF ('hf') and vLLM ('vllm') engines run tensor-parallel",
+            profile.rollout.engine == "sglang" and profile.cluster.devices_per_node % tp != 0,
+            f"one SGLang engine drives its replica's {tp} devices, which must sit in one node "
+            f"(cluster.devices_per_node = {profile.cluster.devices_per_node})",
         ),
         "trainer.mode": (
             profile.trainer.mode != "sync",
@@ -146,12 +146,12 @@ def _check_shapes(profile: Profile, fail: Callable[[str, str], None]) -> None:
     q, kv = heads
     if q % tp:
         fail("rollout.tensor_parallel", f"{tp} does not divide the model's num_attention_heads ({q})")
-    if profile.rollout.engine == "vllm":  # vLLM replicates a KV head over tp // kv ranks
+    if profile.rollout.engine in ("vllm", "sglang"):  # both replicate a KV head over tp // kv ranks
         if (tp >= kv and tp % kv) or (tp < kv and kv % tp):
             fail(
                 "rollout.tensor_parallel",
                 f"{tp} and the model's num_key_value_heads ({kv}): one must divide the other "
-                "(vLLM splits KV heads or replicates each over whole ranks)",
+                f"({profile.rollout.engine} splits KV heads or replicates each over whole ranks)",
             )
     elif kv % tp:
         fail(

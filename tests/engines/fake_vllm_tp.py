@@ -152,6 +152,10 @@ class ShardedModel:
             parts = [torch.empty_like(t) for _ in range(self.tp)]
             dist.all_gather(parts, t.contiguous(), group=group)
             gathered[name] = parts
+        return self.assemble(hf_names, gathered)
+
+    def assemble(self, hf_names, gathered: dict[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Every HF tensor from the TP ranks' parameters (``gathered[param]``: one per TP rank)."""
         out = {}
         q_rows, kv_rows = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         kv_ranks = range(0, self.tp, self.num_kv_head_replicas)
@@ -202,3 +206,64 @@ def refresh_hf(worker, hf) -> None:
     """Load the TP group's gathered shards into the HF model that samples (every TP rank together)."""
     names = {n: tuple(p.shape) for n, p in hf.model.named_parameters()}
     hf.update_weights(worker.model_runner.model.gathered_hf(names, worker.tp_group).items())
+
+
+# -- SGLang (0.5.3, 0.5.23): one Engine holds every TP rank's scheduler ---------------------------------
+class LocalSerializedTensor:
+    """``LocalSerializedTensor`` (0.5.3 ``model_executor/model_runner.py``, 0.5.23
+    ``model_runner_components/weight_updater.py``): the i-th value is the i-th TP rank's tensor."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def get(self, rank: int):
+        return MultiprocessingSerializer.deserialize(self.values[rank])
+
+
+class MultiprocessingSerializer:
+    """``sglang.srt.utils.MultiprocessingSerializer`` stand-in: pickles the tensor itself (the real
+    one sends a CUDA IPC handle on a GPU)."""
+
+    @staticmethod
+    def serialize(obj, output_str: bool = False):
+        import pickle
+
+        return pickle.dumps(obj)
+
+    @staticmethod
+    def deserialize(data):
+        import pickle
+
+        return pickle.loads(data)
+
+
+def sglang_schedulers(hf, tp: int) -> list[ShardedModel]:
+    """The ``tp`` schedulers ``Engine(tp_size=tp)`` starts, each holding its TP rank's shards."""
+    config = hf.model.config
+    return [ShardedModel(config, tp, t, dtype=next(hf.model.parameters()).dtype) for t in range(tp)]
+
+
+def sglang_load(schedulers: list[ShardedModel], named_tensors, hf) -> None:
+    """``update_weights_from_tensor`` at TP > 1: every scheduler unwraps its value
+    (``_unwrap_tensor``) and loads through its loaders; the sampling HF model is rebuilt from them."""
+    for t, model in enumerate(schedulers):
+        model.load_weights(
+            [(n, v.get(t) if isinstance(v, LocalSerializedTensor) else v) for n, v in named_tensors]
+        )
+    names = {n: tuple(p.shape) for n, p in hf.model.named_parameters()}
+    gathered = {name: [m.params[name] for m in schedulers] for name in schedulers[0].params}
+    hf.update_weights(schedulers[0].assemble(names, gathered).items())
+
+
+def sglang_modules(version: str) -> dict:
+    """``sglang.srt.utils`` and the module holding ``LocalSerializedTensor`` in ``version``."""
+    utils = types.ModuleType("sglang.srt.utils")
+    utils.MultiprocessingSerializer = MultiprocessingSerializer
+    where = (
+        "sglang.srt.model_executor.model_runner"
+        if tuple(int(x) for x in version.split(".")) < (0, 5, 23)
+        else "sglang.srt.model_executor.model_runner_components.weight_updater"
+    )
+    holder = types.ModuleType(where)
+    holder.LocalSerializedTensor = LocalSerializedTensor
+    return {"sglang.srt.utils": utils, where: holder}

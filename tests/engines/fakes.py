@@ -553,6 +553,8 @@ def make_fake_sglang(
             )
         calls.append(("Engine", kwargs))
         self.hf = HFRolloutEngine(kwargs["model_path"])
+        tp = int(getattr(self.server_args, "tp_size", None) or 1)
+        self.schedulers = fake_vllm_tp.sglang_schedulers(self.hf, tp) if tp > 1 else None
         # sglang/srt/configs/model_config.py _derive_context_length (0.5.23; same in 0.5.3)
         derived = self.hf.model.config.max_position_embeddings
         wanted = kwargs.get("context_length")
@@ -642,6 +644,9 @@ def make_fake_sglang(
             )
         if "weights" in self.released:
             raise RuntimeError("CUDA error: weights are released")
+        if self.schedulers is not None:  # one scheduler per TP rank (tests/engines/fake_vllm_tp.py)
+            fake_vllm_tp.sglang_load(self.schedulers, named_tensors, self.hf)
+            return True, "Success"
         self.hf.update_weights(named_tensors)
         return True, "Success"
 
@@ -707,6 +712,7 @@ def make_fake_sglang(
         sampling_mod,
     )
     return {
+        **fake_vllm_tp.sglang_modules(version),
         "sglang": sglang,
         "sglang.srt": srt,
         "sglang.srt.server_args": server_args_mod,

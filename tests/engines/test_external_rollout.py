@@ -144,11 +144,6 @@ def test_attention_config_is_refused_by_the_floor(models, monkeypatch, tmp_path)
         sys.modules["vllm"].LLM(model=str(models[0]), attention_config={"backend": "FLASH_ATTN"})
 
 
-def test_sglang_tensor_parallel_is_refused(models, monkeypatch, tmp_path):
-    with pytest.raises(UserError, match=r"^rollout\.tensor_parallel=2: .*not supported yet"):
-        build(monkeypatch, tmp_path, models, "sglang", SGLANG_VERSIONS[-1], tensor_parallel_size=2)
-
-
 @pytest.mark.parametrize("version", ["0.13.0", "0.33.0"])
 def test_vllm_tensor_parallel_needs_the_trainers_process_group(version, models, monkeypatch, tmp_path):
     """vLLM's external launcher joins the trainer's world: without one, a one-line refusal."""

@@ -113,8 +113,15 @@ def test_vllm_plan_replicates_kv_heads_where_tp_exceeds_them(tmp_path):
         _vllm_profile(tmp_path, model, 4, devices=4, engine="hf")
 
 
-def test_sglang_tp_stays_refused_naming_the_engine(tmp_path):
-    from rlctl.errors import UserError
-
-    with pytest.raises(UserError, match=r"rollout\.engine: rollout\.tensor_parallel = 8: 'sglang' rollout runs"):
-        _vllm_profile(tmp_path, tmp_path / "Qwen2.5-72B-Instruct", 8, engine="sglang")
+def test_sglang_tp_plans_shards_per_rank_and_full_tensors_per_sync(tmp_path):
+    plan = resolve_plan(
+        _vllm_profile(tmp_path, tmp_path / "Qwen2.5-72B-Instruct", 8, engine="sglang"), hardware=parse_hardware("h100:8")
+    )
+    d = plan.to_dict()
+    checks = {c["name"]: c for c in d["checks"]}
+    assert checks["rollout engine / tensor_parallel"]["verdict"] == "PASS"
+    want = _layout_bytes(KNOWN_CONFIGS["qwen2.5-72b-instruct"], 8) / 2**30  # SGLang's loaders: vLLM's arithmetic
+    assert d["memory"]["roles"]["rollout"]["weights_gib"] == pytest.approx(want, abs=6e-4)
+    # every TP rank is fed the full tensors (its scheduler's loaders cut them): the whole model per sync
+    assert d["memory"]["weight_sync"]["bytes_gib"] == pytest.approx(plan.model.params * 2 / 2**30, rel=1e-3)
+    assert "all-gather" in d["memory"]["weight_sync"]["path"]

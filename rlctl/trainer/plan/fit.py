@@ -68,14 +68,14 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         else "a tensor-parallel degree dividing the query heads, with KV heads a multiple or divisor of it",
     )
     if tp > 1:
-        runs = hf or rollout.engine == "vllm"
+        runs = rollout.engine in ("hf", "vllm", "sglang")
         kv_note = f", each KV head on {tp // kv} ranks" if not hf and tp > kv and heads_ok else ""
         check(
             "rollout engine / tensor_parallel",
             runs,
             f"{rollout.engine} at tensor-parallel {tp}{kv_note}"
             + (f", TP groups {p_order(p)}" if runs and world % tp == 0 and heads_ok else ""),
-            f"rollout.engine = 'hf' or 'vllm' (the {rollout.engine} adapter runs tensor-parallel 1 so far) "
+            f"rollout.engine = 'hf', 'vllm' or 'sglang' (the {rollout.engine} adapter runs tensor-parallel 1) "
             "or rollout.tensor_parallel = 1",
         )
     padded = rows_per_rank * world - rows
@@ -164,7 +164,7 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         link_gb_s=plan.device.link_gb_s,
         hbm_gb_s=plan.device.hbm_gb_s,
         params=lora_trainable if lora_sync == "adapter-only" else None,
-        tp=tp,
+        tp=1 if rollout.engine == "sglang" else tp,  # SGLang's TP ranks each take full tensors
         moved_per_rank=moved_per_rank(p, world, tp, rollout.dtype) if tp > 1 and heads_ok else None,
     )
     cpu = plan.device_type == "cpu"

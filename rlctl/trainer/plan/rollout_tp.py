@@ -36,6 +36,7 @@ def moved_per_rank(profile: Profile, world: int, tp: int, dtype: str) -> int | N
     from rlctl.reshard import train_to_rollout_plan
 
     order = rollout_rank_order(profile)[0]
-    fmt = "vllm" if profile.rollout.engine in ("vllm", "sglang") else "hf_tp"
+    fmt = {"vllm": "vllm", "sglang": "hf"}.get(profile.rollout.engine, "hf_tp")
+    tp = 1 if fmt == "hf" else tp  # SGLang's TP ranks each take full tensors
     plan = train_to_rollout_plan(config, world, tp, rank_order=order, fmt=fmt, dtype=resolve_dtype(dtype))
     return plan.bytes_moved() // world
