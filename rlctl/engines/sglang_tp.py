@@ -101,7 +101,15 @@ class SGLangTensorParallel:
         missing = {"tp_size", "base_gpu_id"} - set(fields)
         if missing:
             raise UserError(f"{where}: this SGLang's ServerArgs lacks {', '.join(sorted(missing))}")
-        return {"tp_size": tp, "base_gpu_id": local}
+        base = local
+        if torch.cuda.is_available():  # the schedulers take devices base_gpu_id.. of the visible ones
+            base, seen = torch.cuda.current_device(), torch.cuda.device_count()
+            if seen < tp or (rank == self.leader_rank and seen < base + tp):
+                raise UserError(
+                    f"{where}: this rank sees {seen} device(s) from cuda:{base} on (CUDA_VISIBLE_DEVICES), "
+                    f"and one engine needs its replica's {tp}; make the node's devices visible to each rank"
+                )
+        return {"tp_size": tp, "base_gpu_id": base}
 
     @property
     def is_leader(self) -> bool:

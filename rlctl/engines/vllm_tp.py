@@ -84,7 +84,9 @@ def launcher_kwargs(tp: int, rank_order: str, fields: Iterable[str], version: st
         raise UserError(f"{where}: {tp} does not divide the {world} ranks")
     if os.environ.get("RANK") != str(rank):  # ExecutorWithExternalLauncher._distributed_args reads it
         os.environ["RANK"] = str(rank)
-    os.environ.setdefault("LOCAL_RANK", str(rank))
+    # the worker's device is cuda:LOCAL_RANK among the visible ones (v1/worker/gpu_worker.py
+    # init_device): this rank's own device, which under Ray is the only one it sees
+    os.environ["LOCAL_RANK"] = str(torch.cuda.current_device() if torch.cuda.is_available() else 0)
     return {
         "tensor_parallel_size": tp,
         "distributed_executor_backend": EXECUTOR,
