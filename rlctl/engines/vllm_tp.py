@@ -18,6 +18,9 @@ tested against fakes that hold per-rank shards as those releases' loaders do.
   ``qkv_proj`` / ``gate_up_proj``, vocabulary padded to 64 then split) straight into the worker's
   parameters (``model.named_parameters()``), instead of streaming full tensors into
   ``load_weights`` (which every TP rank would receive whole and narrow): see docs/rollout-tp.md.
+  The parameter references taken once stay valid across ``sleep``/``wake_up``: the sleep-mode
+  allocator unmaps and remaps physical memory at the same virtual addresses
+  (``device_allocator/cumem.py`` ``CuMemAllocator.wake_up``, 0.33.0).
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ the version is modelled from the source (paths inside the wheels):
   0.33.0 ``v1/worker/gpu/sample/prompt_logprob.py``).
 - vLLM sleep (``vllm/device_allocator/cumem.py``): level 1 keeps the weights on the host, level 2
   discards them (they wake as garbage); ``wake_up`` without ``tags`` wakes everything.
+- Tensor parallelism (vLLM ``tensor_parallel_size`` > 1 with the external launcher; SGLang
+  ``tp_size`` > 1): per-rank shards held and loaded as the real loaders do, in
+  ``tests/engines/fake_vllm_tp.py``.
 - SGLang seeds (``sglang/srt/sampling/sampling_batch_info.py``): ``sampling_seed`` is used only
   with ``enable_deterministic_inference``, which gives unseeded requests seed 42; otherwise every
   draw is random.

@@ -40,6 +40,7 @@ def _run(rank: int, world: int, port: int, version: str, model_dir: str, out: st
     from rlctl.dispatch.worker import WorkerContext
     from rlctl.engines.fsdp_train import FSDPTrainEngine
     from rlctl.engines.sglang_rollout import SGLangRolloutEngine
+    from rlctl.errors import RunError
     from rlctl.trainer.plan.specs import RolloutSpec
     from rlctl.trainer.workers.roles import PolicyWorker
 
@@ -54,7 +55,11 @@ def _run(rank: int, world: int, port: int, version: str, model_dir: str, out: st
             role="policy", rank=rank, world_size=world, local_rank=rank, local_world_size=world,
             mesh=Mesh.of(None, world).with_rollout(2, "contiguous"), master_addr="127.0.0.1", master_port=port,
         )  # fmt: skip
-        worker.spec = types.SimpleNamespace(rollout=RolloutSpec(tensor_parallel_size=2), lora=None)
+        worker.spec = types.SimpleNamespace(  # with the engine's settings: the canary runs
+            engine=types.SimpleNamespace(mixed_precision=None, dtype="float32", offload=False),
+            rollout=RolloutSpec(tensor_parallel_size=2),
+            lora=None,
+        )
         worker.actor = FSDPTrainEngine(model_dir)
         worker.rollout = SGLangRolloutEngine(model_dir, device="cpu", dtype="float32", tensor_parallel_size=2)
         g = torch.Generator().manual_seed(1000 + rank)
@@ -63,7 +68,7 @@ def _run(rank: int, world: int, port: int, version: str, model_dir: str, out: st
                 p.to_local().add_(0.01 * torch.randn(p.to_local().shape, generator=g))
         worker.rollout.sleep()
         worker.rollout.wake()
-        worker.sync_weights(step=1)
+        metrics = worker.sync_weights(step=1)
         full = {n: t.full_tensor().detach().clone() for n, t in worker.actor.model.named_parameters()}
         engine = worker.rollout.engine
         held = None if engine is None else [{n: t.clone() for n, t in m.params.items()} for m in engine.schedulers]
@@ -71,7 +76,16 @@ def _run(rank: int, world: int, port: int, version: str, model_dir: str, out: st
         greedy = worker.rollout.generate(prompts, torch.ones_like(prompts), greedy=True, max_new_tokens=5,
                                          eos_token_id=EOS, pad_token_id=PAD)  # fmt: skip
         scores = worker.rollout.prompt_log_probs(prompts[0].tolist())
-        torch.save({"full": full, "held": held, "greedy": greedy, "prompts": prompts, "scores": scores,
+        # SGLang has no weight read (no fingerprint): a tensor left out is the canary's to catch
+        skipped = "model.layers.0.mlp.down_proj.weight"
+        with torch.no_grad():
+            dict(worker.actor.model.named_parameters())[skipped].to_local().mul_(-3.0)
+        try:
+            worker.sync_weights(step=2, skip=skipped)
+            stale = None
+        except RunError as exc:
+            stale = str(exc)
+        torch.save({"metrics": metrics, "stale": stale, "full": full, "held": held, "greedy": greedy, "prompts": prompts, "scores": scores,
                     "calls": [c[0] for c in calls], "engine_kwargs": next((c[1] for c in calls if c[0] == "Engine"), None)},
                    f"{out}.{rank}")  # fmt: skip
     finally:
@@ -87,6 +101,9 @@ def test_fsdp2_to_sglang_tp2_in_the_loop(tmp_path, version):
     out = str(tmp_path / "out")
     mp.spawn(_run, args=(2, free_port(), version, str(model_dir), out), nprocs=2, join=True)
     leader, other = (torch.load(f"{out}.{r}", weights_only=False) for r in range(2))
+    for r in (leader, other):
+        assert r["metrics"]["sync/canary_ok"] == 1.0, r["metrics"]
+        assert r["stale"] is not None and "canary" in r["stale"], r["stale"]
     # one engine for the replica, on its first rank, driving two TP schedulers from device 0 on
     assert leader["engine_kwargs"]["tp_size"] == 2 and leader["engine_kwargs"]["base_gpu_id"] == 0
     assert other["engine_kwargs"] is None and other["held"] is None

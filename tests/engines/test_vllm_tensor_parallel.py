@@ -145,7 +145,11 @@ def _run(rank: int, world: int, port: int, version: str, model_dir: str, out: st
             role="policy", rank=rank, world_size=world, local_rank=rank, local_world_size=world,
             mesh=Mesh.of(None, world).with_rollout(2, "contiguous"), master_addr="127.0.0.1", master_port=port,
         )  # fmt: skip
-        worker.spec = types.SimpleNamespace(rollout=RolloutSpec(tensor_parallel_size=2), lora=None)
+        worker.spec = types.SimpleNamespace(  # with the engine's settings: the canary runs
+            engine=types.SimpleNamespace(mixed_precision=None, dtype="float32", offload=False),
+            rollout=RolloutSpec(tensor_parallel_size=2),
+            lora=None,
+        )
         worker.actor = FSDPTrainEngine(model_dir)
         worker.rollout = VLLMRolloutEngine(model_dir, device="cpu", dtype="float32", tensor_parallel_size=2)
         g = torch.Generator().manual_seed(1000 + rank)  # the trainer's weights move off the checkpoint
@@ -183,7 +187,7 @@ def test_fsdp2_to_vllm_tp2_in_the_loop(tmp_path, version):
     results = [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
     config = AutoConfig.from_pretrained(model_dir)
     for t, r in enumerate(results):
-        assert r["metrics"]["sync/fingerprint_ok"] == 1.0
+        assert r["metrics"]["sync/fingerprint_ok"] == 1.0 and r["metrics"]["sync/canary_ok"] == 1.0
         want = _reference(config, r["full"], 2, t)  # what vLLM's loaders would keep of the full weights
         assert sorted(r["held"]) == sorted(want)
         for name, tensor in want.items():
