@@ -13,10 +13,9 @@ from rlctl.errors import UserError
 from rlctl.profile.schema import Profile
 from rlctl.trainer.plan import memory as mem
 from rlctl.trainer.plan.kv_rules import engine_length, kv_checks
-from rlctl.trainer.plan.pin_verdicts import PinVerdict
 from rlctl.trainer.plan.rollout_tp import moved_per_rank, rollout_rank_order
 from rlctl.trainer.plan.shape import model_shape
-from rlctl.trainer.plan.verdict import FAIL, PASS, WARN, Check
+from rlctl.verdict import FAIL, PASS, WARN, Check
 
 GIB = mem.GIB
 
@@ -31,7 +30,7 @@ def p_order(profile: Profile) -> str:
     return why if why.startswith(order) else f"{order} ({why})"
 
 
-def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
+def fit_checks(profile: Profile, plan: Any, verdicts: list[Check]) -> None:
     """Fill a ``RunPlan``'s ``model``, ``memory`` and ``checks`` from its platform, devices and roles
     (``plan`` is typed loosely: ``run_plan`` imports this module)."""
     p, checks = profile, plan.checks
@@ -251,14 +250,15 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
     )
     # ---- pins (this host only; a target's versions are unknown)
     for v in verdicts:
-        if v.status != "violated":
+        if v.details["status"] != "violated":
             continue
         used = any(v in r.pins for r in plan.roles.values())
+        name = f"pin {v.details['id']}"
         if v.blocks and used:
-            checks.append(Check(f"pin {v.id}", FAIL, v.reason, v.fix))
+            checks.append(Check(name, FAIL, v.reason, v.fix))
         else:
             why = "a package this run does not use" if not used else "warn severity"
-            checks.append(Check(f"pin {v.id}", WARN, f"{v.reason} (not blocking: {why})", v.fix))
+            checks.append(Check(name, WARN, f"{v.reason} (not blocking: {why})", v.fix))
 
 
 def lora_sync_mode(plan: Any, engine: str) -> str:
