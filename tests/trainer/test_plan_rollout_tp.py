@@ -125,3 +125,15 @@ def test_sglang_tp_plans_shards_per_rank_and_full_tensors_per_sync(tmp_path):
     # every TP rank is fed the full tensors (its scheduler's loaders cut them): the whole model per sync
     assert d["memory"]["weight_sync"]["bytes_gib"] == pytest.approx(plan.model.params * 2 / 2**30, rel=1e-3)
     assert "all-gather" in d["memory"]["weight_sync"]["path"]
+
+
+def test_vllm_plan_checks_the_mlp_width_as_vllm_divides_it(tmp_path):
+    cfg = {**KNOWN_CONFIGS["qwen2.5-7b-instruct"], "num_attention_heads": 16, "num_key_value_heads": 4,
+           "hidden_size": 2048, "intermediate_size": 8190, "num_hidden_layers": 4}  # fmt: skip
+    model = tmp_path / "odd-mlp"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(cfg))
+    plan = resolve_plan(_vllm_profile(tmp_path, model, 4, devices=4), hardware=parse_hardware("h100:4"))
+    check = {c["name"]: c for c in plan.to_dict()["checks"]}["attention heads / tensor_parallel"]
+    assert check["verdict"] == "FAIL"
+    assert "4 does not divide the model's intermediate_size (8190)" in check["detail"]

@@ -58,13 +58,20 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[Check]) -> None:
     heads_ok = q % tp == 0 and (
         kv % tp == 0 if hf else (tp >= kv and tp % kv == 0) or (tp < kv and kv % tp == 0)
     )
+    why = None
+    if tp > 1 and rollout.engine in ("vllm", "sglang"):  # their layers' divide() asserts, all of them
+        from rlctl.engines.tp_shards import Heads, why_not
+
+        why = why_not(Heads(q, kv, shape.intermediate_size, shape.vocab_size), tp)
+        heads_ok = why is None
     check(
         "attention heads / tensor_parallel",
         heads_ok,
-        f"{q} query and {kv} KV heads over tensor-parallel {tp}",
+        f"{q} query and {kv} KV heads over tensor-parallel {tp}" + (f": {why}" if why else ""),
         "a tensor-parallel degree dividing the query and the KV heads"
         if hf
-        else "a tensor-parallel degree dividing the query heads, with KV heads a multiple or divisor of it",
+        else "a tensor-parallel degree dividing the query heads, the MLP width and the padded vocabulary, "
+        "with KV heads a multiple or divisor of it",
     )
     if tp > 1:
         runs = rollout.engine in ("hf", "vllm", "sglang")
