@@ -125,8 +125,13 @@ class SGLangTensorParallel:
 
         serializer = importlib.import_module("sglang.srt.utils").MultiprocessingSerializer
         wrap = local_serialized_tensor()
-        count, pending = 0, None
+        count, pending, patched = 0, None, False
         for bucket in bucketed(stream, self.bucket_bytes):
+            if not patched and any(t.is_cuda for _, t in bucket):
+                # CUDA IPC handles carry the device's UUID, not this process's index of it
+                # (``sglang/srt/utils/patch_torch.py``, 0.5.3 and 0.5.23; what weight_sync does first)
+                importlib.import_module("sglang.srt.utils.patch_torch").monkey_patch_torch_reductions()
+                patched = True
             mine = [(name, serializer.serialize(t.detach())) for name, t in bucket]
             gathered = [None] * self.tp if self.engine is not None else None
             dist.gather_object(mine, gathered, dst=self.leader_rank, group=self.tp_group)
