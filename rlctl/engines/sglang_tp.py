@@ -111,10 +111,6 @@ class SGLangTensorParallel:
                 )
         return {"tp_size": tp, "base_gpu_id": base}
 
-    @property
-    def is_leader(self) -> bool:
-        return self.tp == 1 or self.engine is not None
-
     @torch.no_grad()
     def feed_replica(self, stream: Iterable[tuple[str, torch.Tensor]], load: Callable[[list, bool], None]) -> int:
         """Every rank of the replica sends its full tensors, bucket by bucket, to the first rank,
