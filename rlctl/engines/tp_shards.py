@@ -1,6 +1,6 @@
 """What each tensor-parallel rank of vLLM or SGLang holds of every HF tensor, and where.
 
-Written from the weight loaders (paths inside the wheels): vLLM 0.13.0 and 0.33.0
+Written from the weight loaders (paths inside the wheels): vLLM 0.13.0 and 0.33.0 (0.10.2 the same)
 ``vllm/model_executor/layers/linear.py`` (``QKVParallelLinear.weight_loader``: query rows
 ``tp_rank * heads/q``, key/value rows of KV head group ``tp_rank // num_kv_head_replicas``, where
 ``num_kv_head_replicas = q // num_kv_heads`` when ``q >= num_kv_heads``, else 1;

@@ -1,7 +1,8 @@
 """vLLM at rollout tensor parallelism ``q > 1``, colocated: every trainer rank is one vLLM TP worker.
 
-Written against vLLM 0.13.0 and 0.33.0 (paths inside the wheels); not yet run on NVIDIA hardware,
-tested against fakes that hold per-rank shards as those releases' loaders do.
+Written against vLLM 0.13.0 and 0.33.0 (paths inside the wheels; 0.10.2, the floor, has the same
+executor in ``vllm/executor/uniproc_executor.py``, the same group cut and loaders); not yet run on
+NVIDIA hardware, tested against fakes that hold per-rank shards as those releases' loaders do.
 
 - ``LLM(tensor_parallel_size=q, distributed_executor_backend="external_launcher")`` builds
   ``ExecutorWithExternalLauncher`` (``v1/executor/uniproc_executor.py``): one worker in this process,

@@ -1,4 +1,4 @@
-"""vLLM at rollout tensor parallelism 2 and 4, against fakes of 0.13.0 and 0.33.0 whose ranks hold
+"""vLLM at rollout tensor parallelism 2 and 4, against fakes of 0.10.2, 0.13.0 and 0.33.0 whose ranks hold
 and load shards as the real weight loaders do (``tests/engines/fake_vllm_tp.py``).
 
 The reference for every rank is the fake's ``load_weights`` fed the full HF tensors (what vLLM's
@@ -24,7 +24,7 @@ from rlctl.reshard.loopback import collect_all_ranks
 from tests.engines.fake_vllm_tp import ShardedModel
 from tests.engines.helpers import EOS, PAD, free_port, make_model
 
-VLLM_TP_VERSIONS = ("0.13.0", "0.33.0")
+VLLM_TP_VERSIONS = ("0.10.2", "0.13.0", "0.33.0")  # the floor rlctl pins and two later releases
 
 
 def _full(config, seed: int = 0) -> dict[str, torch.Tensor]:
