@@ -1,5 +1,5 @@
-"""A vLLM model at tensor-parallel rank ``t`` of ``q``, holding and loading exactly what vLLM 0.13.0
-and 0.33.0 hold per rank (paths inside the wheels; the arithmetic is the same in both releases).
+"""A vLLM model at tensor-parallel rank ``t`` of ``q``, holding and loading exactly what vLLM 0.10.2,
+0.13.0 and 0.33.0 hold per rank (paths inside the wheels; the arithmetic is the same in all three).
 
 - Launch (``LLM(tensor_parallel_size=q, distributed_executor_backend="external_launcher")``):
   ``config/parallel.py`` sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; ``v1/executor/uniproc_executor.py``
