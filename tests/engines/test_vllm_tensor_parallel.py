@@ -202,3 +202,15 @@ def test_fsdp2_to_vllm_tp2_in_the_loop(tmp_path, version):
     ref = single.generate(results[0]["prompts"], torch.ones_like(results[0]["prompts"]), greedy=True,
                           max_new_tokens=5, eos_token_id=EOS, pad_token_id=PAD)  # fmt: skip
     assert torch.equal(ref["responses"], results[0]["greedy"]["responses"])
+
+
+def test_vllm_at_tp1_reports_no_stored_shards(tmp_path, monkeypatch):
+    """``memory/rollout_weights_gib`` is left out for vLLM at TP 1 (it holds its weights to itself),
+    not reported as 0."""
+    from rlctl.engines.vllm_rollout import VLLMRolloutEngine
+    from rlctl.trainer.workers.planned_sync import stored_gib
+    from tests.engines.fakes import install
+
+    install(monkeypatch, tmp_path, "vllm", "0.33.0", [])
+    engine = VLLMRolloutEngine(str(make_model(tmp_path / "m")), device="cpu", dtype="float32")
+    assert engine.local_tensors() == {} and stored_gib(engine) is None

@@ -56,6 +56,7 @@ def stored_gib(engine: Any) -> float | None:
     """The rollout weights ``engine`` stores on this rank (its TP pieces), in GiB; None when the
     engine does not expose them."""
     local = getattr(engine, "local_tensors", None)
-    if local is None:
+    tensors = local() if local is not None else None
+    if not tensors:  # vLLM at TP 1 keeps its weights to itself
         return None
-    return sum(t.numel() * t.element_size() for t in local().values()) / 2**30
+    return sum(t.numel() * t.element_size() for t in tensors.values()) / 2**30
