@@ -173,3 +173,34 @@ def test_endpoint_episodes_carry_the_returned_answer(tok, agent, mode):
     bonus = 0.5 if mode == "sum" else 0.0
     assert out.batch["acc"].tolist() == hits
     assert out.batch["scores"].tolist() == [h + bonus for h in hits]
+
+
+ORACLE = '''
+async def run(client, row):
+    await client.chat.completions.create(model="policy", messages=row["prompt"], max_tokens=4)
+    return str(row["ground_truth"])
+'''
+
+
+def test_eval_scores_a_returned_answer_with_the_profile_reward(tmp_path, tok):
+    """`rlctl eval` / SFT validation: an agent's returned answer is scored by [reward] there too."""
+    pytest.importorskip("openai", reason="the endpoint's client is the openai package")
+    from rlctl.agents.evaluate import episode_accuracy
+    from rlctl.data.batcher import PromptBatcher
+    from rlctl.data.dataset import PromptDataset
+    from rlctl.profile import load_profile
+    from rlctl.trainer.setup.evaluate import scorer_for
+    from rlctl.trainer.setup.prompts import to_proto
+
+    (tmp_path / "oracle.py").write_text(ORACLE)
+    profile = load_profile(
+        ROOT / "profiles/agent-guess-openai.toml",
+        [f'agent.openai_agent="{tmp_path / "oracle.py"}"', 'reward.kind="exact"'],
+    )
+    batcher = PromptBatcher(PromptDataset(GuessTask().rows("validation", 4, seed=1)), tok, 1)
+    prompts = to_proto(batcher.make_batch([0, 1, 2, 3]))
+    engine = HFRolloutEngine(GUESS_SFT)
+    scored = episode_accuracy(engine, tok, prompts, profile, str(GUESS_SFT), scorer=scorer_for(profile, tok))
+    assert scored["accuracy"] == 1.0 and scored["score_mean"] == 1.0 and scored["n"] == 4.0
+    unscored = episode_accuracy(engine, tok, prompts, profile, str(GUESS_SFT))
+    assert unscored["accuracy"] == 0.0  # without the profile's reward an answer is not a success
