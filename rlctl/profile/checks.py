@@ -41,6 +41,8 @@ def check_profile(profile: Profile, origins: dict[str, Path]) -> None:
         check_lora(profile.actor.lora, profile.model.path, fail)
     if profile.agent.env and profile.agent.openai_agent:
         fail("agent.openai_agent", "set together with agent.env: an episode is played by one of them; unset one")
+    if profile.agent.reward != "agent" and not profile.agent.openai_agent:
+        fail("agent.reward", f"{profile.agent.reward!r} reads an agent.openai_agent's return value; none is set")
     reward = profile.reward
     if reward.kind == "custom" and ":" not in reward.function:
         fail("reward.function", f"expected 'path/to/file.py:function_name', got {reward.function!r}")
