@@ -26,7 +26,7 @@ def main() -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = NODE_DEVICES  # what the raylet, and so every worker, starts with
     ray.init(num_cpus=4, num_gpus=4, object_store_memory=80 * 1024 * 1024, include_dashboard=False)
     for node_devices in (False, True):
-        pool = ResourcePool(1, 4, "GPU", cpus_per_device=0.5, max_groups=1, runtime=CUDA, node_devices=node_devices)
+        pool = ResourcePool(1, 4, "GPU", cpus_per_device=0.5, runtime=CUDA, node_devices=node_devices)  # GPU shares, as the trainer's
         wg = WorkerGroup(pool, EchoWorker, backend="ray")
         who = wg.whoami()
         assigned = ray.get([h.__ray_call__.remote(lambda _self: ray.get_gpu_ids()) for h in wg._hosts.handles])

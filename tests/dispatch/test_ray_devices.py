@@ -72,3 +72,23 @@ def test_ray_pool_leaves_node_devices_visible_and_each_rank_on_its_assigned_one(
     assert sorted(r["assigned"][0] for r in shared) == sorted(node)
     assert [r["device"] for r in shared] == [f"cuda:{node.index(r['assigned'][0])}" for r in shared]
     assert sorted(r["device"] for r in shared) == [f"cuda:{i}" for i in range(4)]
+
+
+def test_a_worker_that_sees_the_node_must_find_its_assigned_device(monkeypatch):
+    """With the node's devices visible, device 0 would be every rank's: an assigned id the worker
+    cannot place is a RunError naming the rank (under Ray's narrowing it stays the first device)."""
+    import ray
+
+    from rlctl.dispatch.ray_devices import own_device
+    from rlctl.errors import RunError
+
+    spec = RuntimeSpec("cuda", "nccl", "GPU", "CUDA_VISIBLE_DEVICES", None, "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES")
+    context = type("Context", (), {"get_accelerator_ids": lambda self: {"GPU": ["4"], "NPU": []}})()
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: context)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,3,1,0")
+    with pytest.raises(RunError, match=r"^rank 2: Ray assigned GPU \['4'\], which is not one device among those it sees \(CUDA_VISIBLE_DEVICES=6,3,1,0\)$"):
+        own_device(spec, 2, required=True)
+    assert own_device(spec, 2, required=False) is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,3,4,0")
+    assert own_device(spec, 2, required=True) == 2
+    assert own_device(CPU_RUNTIME, 2, required=True) is None  # no device to pick
