@@ -73,7 +73,8 @@ def from_leader(method: Callable) -> Callable:
 
 def own_device() -> tuple[str, list[str]]:
     """This rank's device and the devices it sees, as names every rank of a node agrees on: CUDA
-    device UUIDs (``torch.cuda.get_device_properties(i).uuid``); without CUDA, the local rank
+    device UUIDs (``str(torch.cuda.get_device_properties(i).uuid)``: torch's ``_CUuuid.__str__``,
+    ``torch/csrc/cuda/Module.cpp``, the 8-4-4-4-12 form on CUDA and HIP); without CUDA, the local rank
     among the node's ranks (what a rank would address if it saw the node's devices)."""
     if torch.cuda.is_available():
         seen = [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
@@ -115,8 +116,9 @@ def replica_gpu_ids(tp_group, where: str) -> tuple[int, int]:
     found = progression(devices)
     if found is None:
         raise UserError(
-            f"{where}: the replica's devices {devices} (indices its first rank sees) are not evenly "
-            "spaced and ascending; SGLang puts TP rank i on base_gpu_id + i * gpu_id_step"
+            f"{where}: the replica's devices {devices} (indices among those its first rank sees: "
+            f"{', '.join(name for name, _ in everyone)}) are not evenly spaced and ascending; SGLang puts "
+            "TP rank i on base_gpu_id + i * gpu_id_step"
         )
     return found
 

@@ -176,7 +176,7 @@ def test_replica_gpu_ids_refuse_devices_the_engine_cannot_address(monkeypatch):
     from rlctl.errors import UserError
 
     node = ["GPU-a", "GPU-b", "GPU-c", "GPU-d"]
-    with pytest.raises(UserError, match=r"^where: the replica's devices \[3, 1\] \(indices its first rank sees\) are not"):
+    with pytest.raises(UserError, match=r"^where: the replica's devices \[3, 1\] \(indices among those its first rank sees: GPU-d, GPU-b\) are not"):
         _replica(monkeypatch, [("GPU-d", node), ("GPU-b", node)])
     # Ray's default narrowing: each rank sees only its own device
     with pytest.raises(UserError, match=r"^where: the replica's first rank does not see rank 5's device GPU-b \(it sees 1"):
