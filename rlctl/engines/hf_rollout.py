@@ -32,6 +32,7 @@ from rlctl.engines.prefix import (
 )
 from rlctl.engines.registry import register_engine
 from rlctl.engines.sampling import draw_uniforms, sample_tokens
+from rlctl.engines.weight_delta import TensorDelta, apply
 from rlctl.errors import RunError, UserError
 
 DROP_FRACTION = 0.25
@@ -301,6 +302,23 @@ class HFRolloutEngine:
             target.copy_(tensor.to(device=target.device, dtype=target.dtype))
             count += 1
         return count
+
+    @torch.no_grad()
+    def apply_deltas(self, deltas: Iterable[TensorDelta]) -> list[str]:
+        """Write delta pushes (:mod:`rlctl.engines.weight_delta`) into the stored tensors in place;
+        returns the names whose read-back disagrees with what the sender meant (empty: all landed).
+        Whole tensors only: a tensor-parallel engine takes full pushes."""
+        if self.tp > 1:
+            raise RunError("apply_deltas: a tensor-parallel HF engine takes full weight pushes only")
+        params = self._named_tensors()
+        bad = []
+        for delta in deltas:
+            target = params.get(delta.name)
+            if target is None:
+                raise RunError(f"apply_deltas: the rollout model has no parameter {delta.name!r}")
+            if not apply(target, delta):
+                bad.append(delta.name)
+        return bad
 
     def weight_fingerprint(
         self, spec: Sequence[tuple[str, tuple[int, ...]]], salt: int = 0

@@ -49,6 +49,7 @@ from rlctl.trainer.setup.context import RunContext
 from rlctl.trainer.state.fingerprint import merge_push_metrics
 from rlctl.trainer.step.memory import peak_memory_metrics
 from rlctl.trainer.step.stages import StageTimer
+from rlctl.trainer.workers.delta_push import DELTA_KEYS
 from rlctl.trainer.workers.rollout import spawn_rollout_group
 
 log = get_logger("rlctl.trainer")
@@ -133,6 +134,7 @@ class OffPolicyTrainer(Trainer):
                 max_staleness=self.max_staleness(),
                 exact=self.exact,
                 ready=ready,
+                chain=self.p.rollout.delta_sync,
             ).start()
             try:
                 return super()._fit()
@@ -250,7 +252,10 @@ class OffPolicyTrainer(Trainer):
     def _push(self, version: int, weights: LazyInput) -> None:
         """Load ``version`` into the rollout workers; each checks it (``sync/fingerprint_*``, and
         ``sync/canary_*`` where the canary is due)."""
-        self._push_checks = merge_push_metrics(self.rollout_group.update_weights(weights, version))
+        results = self.rollout_group.update_weights(weights, version)
+        if any(r.get("sync/need_full") for r in results):  # a version gap: the last published, whole
+            results = self.rollout_group.update_weights(self.ctx.policy.published_full(), version)
+        self._push_checks = merge_push_metrics(results) | {k: results[0][k] for k in DELTA_KEYS if k in results[0]}
 
     def _check_rollout_log_probs(self) -> None:
         r = self.p.rollout
