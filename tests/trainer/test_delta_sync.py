@@ -88,7 +88,7 @@ def _corrupt_after(n_calls: int, monkeypatch) -> None:
         d = real(name, new, base)
         calls[0] += 1
         if calls[0] > n_calls and d.values.numel():
-            d.values[0] = d.values[0] + 1.0
+            d.values[0] += 1
         return d
 
     monkeypatch.setattr(delta_push, "diff", planted)
@@ -174,7 +174,7 @@ def test_a_version_gap_asks_for_a_full_push_which_the_publisher_serves(tiny_mode
     with pytest.raises(RunError, match="rank 0"):
         weights = {n: t + 1e-4 * torch.randn_like(t) for n, t in weights.items()}
         full, deltas, base, samples = publisher.publish(weights.items(), 7, salt=7)
-        deltas[0].values[0] += 1.0
+        deltas[0].values[0] += 1
         worker.update_weights(
             PublishedWeights(full, deltas=deltas, base_version=base, samples=samples, version=7), 7
         )

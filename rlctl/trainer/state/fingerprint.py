@@ -27,7 +27,14 @@ from rlctl.trainer.state.canary import canary_due
 LOGGER = "rlctl.trainer.sync"  # looked up per warning, so the current configuration applies
 
 # what a sync moved (rank 0's): bytes, and with delta pushes the changed share and the full size
-SIZE_KEYS = ("sync/bytes", "sync/model_bytes", "sync/changed_frac", "sync/full_bytes", "sync/bitmask_bytes", "sync/delta")
+SIZE_KEYS = (
+    "sync/bytes",
+    "sync/model_bytes",
+    "sync/changed_frac",
+    "sync/full_bytes",
+    "sync/index_value_bytes",
+    "sync/delta",
+)
 SKIP_ENV = "RLCTL_INJECT_SYNC_SKIP"  # "<HF tensor name>@<step>", read on the driver (tests only)
 
 

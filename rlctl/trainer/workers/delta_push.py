@@ -27,7 +27,7 @@ from rlctl.engines.fingerprint import Sampled, sample
 from rlctl.engines.weight_delta import Tally, TensorDelta, apply, diff, whole
 from rlctl.errors import RunError
 
-DELTA_KEYS = ("sync/bytes", "sync/changed_frac", "sync/full_bytes", "sync/bitmask_bytes", "sync/delta")
+DELTA_KEYS = ("sync/bytes", "sync/changed_frac", "sync/full_bytes", "sync/index_value_bytes", "sync/delta")
 
 
 def delta_ready(engine: Any) -> bool:

@@ -119,6 +119,8 @@ class RolloutWorker(PeakMemory, Worker):
         """As ``PolicyWorker.generate_sequences`` (same seeds, same padding), with this worker's version."""
         out = sample_rows(self.rollout, prompts, self.rank)
         out["weight_version"] = torch.full((out["responses"].shape[0],), self.version, dtype=torch.long)
+        if "token_versions" not in out:  # the engine swapped no weights mid-generation: one version
+            out["token_versions"] = out["response_mask"].long() * self.version
         return DataProto.from_dict(tensors=out, meta={"weight_version": self.version})
 
     @register(dispatch_mode=Dispatch.RANK_ZERO)
