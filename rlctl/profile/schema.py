@@ -180,9 +180,10 @@ class RolloutSection:
     delta_sync: bool = field(
         False,
         "Weight syncs and pushes send only the elements that changed since the rollout copy's "
-        "version (index/value per tensor; whole where smaller); full after a start, a resume or a "
-        "version gap. Pays with a bf16 rollout copy (platform.dtype). HF engine, tensor-parallel 1, "
-        "no LoRA; one rank in sync mode (docs/async-rollouts.md).",
+        "version (per tensor the smallest of index or bitmask positions with values or int8 steps, "
+        "or whole); full after a start, a resume or a version gap. Pays with a bf16 rollout copy "
+        "(platform.dtype). HF engine, tensor-parallel 1, no LoRA; one rank in sync mode "
+        "(docs/async-rollouts.md).",
     )
     engine_kwargs: dict[str, Any] = field(
         {},

@@ -4,9 +4,10 @@ Format (user message -> expected assistant answer, then EOS)::
 
     "echo 31452=" -> "31452"
 
-The digit string's length is drawn log-uniformly from ``min_len..max_len`` (default 2..100): half
-of the problems are at most ``sqrt(min_len * max_len)`` (14) digits, about one in six is longer than
-half of ``max_len``. A batch's generation then runs as long as its longest answer while most rows
+The digit string's length is drawn log-uniformly from ``min_len..max_len`` (default 2..100); the
+splits hold distinct problems, so the shortest lengths (100 strings of 2 digits) run out early. Of
+10,000 training rows (seed 0): median 17 digits, mean 27, 18% at most 5, 19% longer than 50, 1%
+longer than 98. A batch's generation then runs as long as its longest answer while most rows
 finished long before: the shape of real RL generation (the tail decodes a few rows while the rest
 wait), which the fixed-length built-in tasks lack. With the character tokenizer of the built-in
 tiny models, an answer of ``L`` digits is ``L`` tokens plus EOS.
