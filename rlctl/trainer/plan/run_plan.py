@@ -10,7 +10,7 @@ train`` writes it to ``RUN_DIR/plan.json`` and builds its workers from it, ``rlc
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +18,13 @@ from rlctl.engines.engine_fields import resolve_engine_kwargs
 from rlctl.errors import UserError
 from rlctl.platforms.base import EngineSettings, Platform
 from rlctl.platforms.catalogue import DeviceSpec, cpu_spec
+from rlctl.platforms.pin_checks import evaluate_pins, pin_record
 from rlctl.profile.schema import Profile
 from rlctl.trainer.plan import choices
 from rlctl.trainer.plan.fit import fit_checks
-from rlctl.trainer.plan.pin_verdicts import PinVerdict, pin_verdicts
 from rlctl.trainer.plan.shape import ModelShape
 from rlctl.trainer.plan.target import describe_target, target_host
-from rlctl.trainer.plan.verdict import FAIL, PASS, Check
+from rlctl.verdict import FAIL, PASS, Check
 
 # distributions each engine runs on (the rollout engines' come from the platform)
 TRAIN_DISTS = ("torch", "transformers")
@@ -39,7 +39,7 @@ class RolePlan:
     dtype: str
     settings: EngineSettings
     versions: dict[str, str | None] = field(default_factory=dict)
-    pins: list[PinVerdict] = field(default_factory=list)
+    pins: list[Check] = field(default_factory=list)  # judged pins (platforms.pin_checks)
 
     @property
     def kernel(self) -> str | None:
@@ -55,7 +55,7 @@ class RolePlan:
             "env": dict(self.settings.env),
             "settings": self.settings.to_dict(),
             "versions": dict(self.versions),
-            "pins": [asdict(p) for p in self.pins],
+            "pins": [pin_record(p) for p in self.pins],
         }
 
 
@@ -107,8 +107,8 @@ class RunPlan:
             "roles": {name: r.to_dict() for name, r in self.roles.items()},
             "model": self.model.to_dict() if self.model else None,
             "memory": self.memory,
-            "checks": [asdict(c) for c in self.checks],
-            "verdict": FAIL if self.failures else PASS,
+            "checks": [{"name": c.name, "verdict": c.verdict.value, "detail": c.reason, "fix": c.fix} for c in self.checks],
+            "verdict": (FAIL if self.failures else PASS).value,
         }
 
     def to_json(self) -> str:
@@ -205,12 +205,12 @@ def resolve_plan(
             f"and the rollout engine's own requirements, no optional packages"
         )
     known = hardware is None
-    verdicts = pin_verdicts(platform, rollout) if known else []
+    verdicts = evaluate_pins(platform, rollout) if known else []
     rollout_dists = tuple(platform.engine_dists.get(rollout, (rollout,)))
     roles: dict[str, RolePlan] = {}
 
     def role(name: str, engine: str, role_dtype: str, dists: tuple[str, ...]) -> RolePlan:
-        pins = [v for v in verdicts if v.package is None or v.package in dists]
+        pins = [v for v in verdicts if v.details["package"] in (None, *dists)]
         return RolePlan(
             name,
             engine,
@@ -268,5 +268,5 @@ def refuse_failures(plan: RunPlan) -> None:
     """One UserError (exit 2) naming every FAIL check and its fix, before any worker starts."""
     failed = plan.failures
     if failed:
-        parts = "; ".join(f"{c.name}: {c.detail} (fix: {c.fix})" for c in failed)
+        parts = "; ".join(f"{c.name}: {c.reason} (fix: {c.fix})" for c in failed)
         raise UserError(f"{plan.profile}: the run plan has {len(failed)} FAIL check(s): {parts}")

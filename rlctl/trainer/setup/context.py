@@ -129,7 +129,12 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) 
     if specs.critic is not None:
         roles["critic"], init["critic"] = CriticWorker, {"spec": specs.critic}
     c = profile.cluster
-    pool = ResourcePool(nodes=c.nodes, devices_per_node=c.devices_per_node, resource=plan.ray_resource)
+    pool = ResourcePool(
+        nodes=c.nodes,
+        devices_per_node=c.devices_per_node,
+        resource=plan.ray_resource,
+        runtime=platform.runtime_spec(),
+    )
     log.info(
         "starting workers",
         platform=platform.name,

@@ -135,7 +135,11 @@ def spawn_rollout_group(ctx) -> tuple[WorkerGroup, ResourcePool]:
     specs = specs_from_plan(p, ctx.plan)  # the run's plan, not a second resolution
     c = p.cluster
     pool = ResourcePool(
-        nodes=c.nodes, devices_per_node=c.devices_per_node, resource=ctx.plan.ray_resource, name="rollout"
+        nodes=c.nodes,
+        devices_per_node=c.devices_per_node,
+        resource=ctx.plan.ray_resource,
+        runtime=ctx.platform.runtime_spec(),
+        name="rollout",
     )
     group = spawn_colocated(
         pool,
