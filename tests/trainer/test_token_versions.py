@@ -3,8 +3,15 @@ sampled with, so a sequence whose weights were swapped mid-generation is not cou
 
 from __future__ import annotations
 
+import threading
+from types import SimpleNamespace
+
+import pytest
 import torch
 
+import rlctl.trainer.loops.off_policy as off_policy
+from rlctl.dispatch import DataProto
+from rlctl.errors import RunError
 from rlctl.trainer.loops.off_policy import staleness_metrics
 from rlctl.trainer.workers.sampling import _pad_responses
 
@@ -33,3 +40,32 @@ def test_token_versions_are_padded_with_the_responses():
     }
     padded = _pad_responses(out, 5, 0)
     assert padded["token_versions"].tolist() == [[1, 1, 2, 0, 0], [2, 2, 2, 0, 0]]
+
+
+def test_a_token_older_than_the_bound_fails_its_batch(monkeypatch):
+    """The rollout thread's gate looks at every response token: a row that started at an allowed
+    version but holds an older token (or a row-level version that hides one) is refused."""
+    def batch(tokens):
+        return DataProto.from_dict(
+            tensors={
+                "weight_version": torch.tensor([5, 5]),
+                "token_versions": torch.tensor(tokens),
+                "response_mask": torch.tensor([[1, 1, 0], [1, 1, 1]]),
+            }
+        )
+
+    made = {}
+    monkeypatch.setattr(off_policy.Trainer, "rollout", lambda self, timer, index: (made["batch"], {}))
+    monkeypatch.setattr(off_policy, "peak_memory_metrics", lambda groups: {})
+    trainer = SimpleNamespace(
+        gate=threading.Lock(),
+        pipeline=SimpleNamespace(required=lambda index: 5),
+        _push_checks={},
+        rollout_group=None,
+        prompts=SimpleNamespace(position=lambda: {}),
+    )
+    made["batch"] = batch([[5, 6, 0], [5, 5, 6]])  # the padding's 0 is no token
+    assert off_policy.OffPolicyTrainer._produce(trainer, 7, 5).index == 7
+    made["batch"] = batch([[5, 6, 0], [4, 5, 6]])
+    with pytest.raises(RunError, match="version 4, older than allowed"):
+        off_policy.OffPolicyTrainer._produce(trainer, 7, 5)
