@@ -46,6 +46,7 @@ from rlctl.trainer.loops.pipeline import Produced, RolloutPipeline
 from rlctl.trainer.loops.sync import Trainer
 from rlctl.trainer.plan.specs import effective_rollout_correction
 from rlctl.trainer.setup.context import RunContext
+from rlctl.trainer.state.checkpoint import ResumePlan
 from rlctl.trainer.state.fingerprint import merge_push_metrics
 from rlctl.trainer.step.memory import peak_memory_metrics
 from rlctl.trainer.step.stages import StageTimer
@@ -94,7 +95,9 @@ class OffPolicyTrainer(Trainer):
 
     exact = False  # one_step_off: each batch uses one fixed weight version (deterministic)
 
-    def __init__(self, ctx: RunContext, *, max_steps: int | None = None, resume: str = "auto") -> None:
+    def __init__(
+        self, ctx: RunContext, *, max_steps: int | None = None, resume: ResumePlan | None = None
+    ) -> None:
         super().__init__(ctx, max_steps=max_steps, resume=resume)
         mode = self.p.trainer.mode
         if self.episodes is not None:

@@ -7,15 +7,12 @@ worker code serves any front end.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlctl.engines.lora import LoraSpec
 from rlctl.engines.optim import OptimConfig
 from rlctl.profile.schema import Profile
 from rlctl.trainer.plan.rollout_tp import rollout_rank_order
-
-if TYPE_CHECKING:
-    from rlctl.trainer.plan.run_plan import RunPlan
 
 
 @dataclass(frozen=True)
@@ -262,17 +259,9 @@ def build_specs(
     return RoleSpecs(policy=policy, ref=ref, critic=critic)
 
 
-def specs_from_plan(profile: Profile, plan: RunPlan) -> RoleSpecs:
-    """The specs of exactly the run ``plan`` resolved: its device, dtype, the actor's kernel, the
-    collective backend, the rollout engine and that engine's keywords (nothing re-resolved)."""
-    rollout = plan.roles["rollout"]
-    return build_specs(
-        profile,
-        device_type=plan.device_type,
-        dtype=plan.dtype,
-        attn=plan.roles["actor"].kernel or "sdpa",
-        dist_backend=plan.dist_backend,
-        rollout_engine=rollout.engine,
-        vendor=plan.platform,
-        rollout_engine_kwargs=rollout.settings.engine_kwargs,
-    )
+def moved_model(spec: Any, old: str, new: str) -> Any:
+    """``spec`` (a role's spec, or None) with its engine's ``model_path`` ``new`` where it was ``old``."""
+    engine = getattr(spec, "engine", None)
+    if not isinstance(engine, EngineSpec) or engine.model_path != old:
+        return spec
+    return replace(spec, engine=replace(engine, model_path=new))

@@ -15,7 +15,6 @@ from rlctl.errors import UserError
 from rlctl.log import get_logger
 from rlctl.profile.schema import Profile
 from rlctl.trainer.plan.run_plan import RunPlan, resolve_plan
-from rlctl.trainer.plan.specs import specs_from_plan
 from rlctl.trainer.setup.evaluate import scorer_for
 from rlctl.trainer.setup.models import load_tokenizer, stop_token_ids
 from rlctl.trainer.setup.prompts import PromptSource, load_prompts
@@ -120,14 +119,13 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) 
         check_openai_agent(
             profile.agent.openai_agent, base_dir, tokenizer, f"{profile.source}: agent.openai_agent"
         )
-    specs = specs_from_plan(profile, plan)
-    dtype, attn, engine = plan.dtype, specs.policy.engine.attn_implementation, specs.policy.rollout.engine
+    policy = plan.policy.spec  # each worker gets its role's spec from the plan (RUN_DIR/plan.json)
+    dtype, attn, engine = plan.dtype, policy.engine.attn_implementation, policy.rollout.engine
     roles: dict[str, type] = {"policy": PolicyWorker}
-    init: dict[str, dict] = {"policy": {"spec": specs.policy}}
-    if specs.ref is not None:
-        roles["ref"], init["ref"] = ReferenceWorker, {"spec": specs.ref}
-    if specs.critic is not None:
-        roles["critic"], init["critic"] = CriticWorker, {"spec": specs.critic}
+    init: dict[str, dict] = {"policy": {"spec": policy}}
+    for name, cls in (("ref", ReferenceWorker), ("critic", CriticWorker)):
+        if name in plan.roles:
+            roles[name], init[name] = cls, {"spec": plan.roles[name].spec}
     c = profile.cluster
     pool = ResourcePool(nodes=c.nodes, devices_per_node=c.devices_per_node, resource=plan.ray_resource)
     log.info(
@@ -145,7 +143,7 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) 
         roles,
         # generation runs over the rollout replicas (Mesh.rollout); every other stage over all ranks
         mesh=Mesh.of(None, pool.world_size).with_rollout(
-            specs.policy.rollout.tensor_parallel_size, specs.policy.rollout.rank_order
+            policy.rollout.tensor_parallel_size, policy.rollout.rank_order
         ),
         backend=c.backend,
         init_kwargs=init,
@@ -175,7 +173,7 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) 
         reward=scorer,
         policy=groups["policy"],
         # a LoRA actor serves its own reference (adapter off): no second model
-        ref=groups["policy"] if specs.policy.serves_reference else groups.get("ref"),
+        ref=groups["policy"] if policy.serves_reference else groups.get("ref"),
         critic=groups.get("critic"),
         stop_ids=stop_token_ids(profile.model.path, tokenizer),
         pool=pool,

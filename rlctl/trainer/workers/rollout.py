@@ -31,7 +31,7 @@ import torch
 
 from rlctl.dispatch import DataProto, Dispatch, Worker, WorkerGroup, register, spawn_colocated
 from rlctl.dispatch.pool import ResourcePool
-from rlctl.trainer.plan.specs import PolicySpec, specs_from_plan
+from rlctl.trainer.plan.specs import PolicySpec
 from rlctl.trainer.state.canary import SyncCanary
 from rlctl.trainer.state.fingerprint import SyncCheck
 from rlctl.trainer.workers.memory import PeakMemory
@@ -112,7 +112,6 @@ def spawn_rollout_group(ctx) -> tuple[WorkerGroup, ResourcePool]:
     """The run's rollout workers on a pool of their own (same shape and platform as the trainer's);
     the caller shuts the group down, then releases the pool."""
     p = ctx.profile
-    specs = specs_from_plan(p, ctx.plan)  # the run's plan, not a second resolution
     c = p.cluster
     pool = ResourcePool(
         nodes=c.nodes, devices_per_node=c.devices_per_node, resource=ctx.plan.ray_resource, name="rollout"
@@ -122,7 +121,7 @@ def spawn_rollout_group(ctx) -> tuple[WorkerGroup, ResourcePool]:
         {"rollout": RolloutWorker},
         mesh={"dp": pool.world_size},
         backend=c.backend,
-        init_kwargs={"rollout": {"spec": specs.policy}},
+        init_kwargs={"rollout": {"spec": ctx.plan.policy.spec}},  # the run's plan, not a second resolution
         env=ctx.plan.env,
         address=c.address,
         default_timeout=c.call_timeout_s,
