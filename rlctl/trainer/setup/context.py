@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from rlctl.dispatch import DataProto, WorkerGroup, spawn_colocated
+from rlctl.dispatch import DataProto, spawn_colocated
 from rlctl.dispatch.mesh import Mesh
 from rlctl.dispatch.pool import ResourcePool
 from rlctl.errors import UserError
@@ -19,6 +19,7 @@ from rlctl.trainer.setup.evaluate import scorer_for
 from rlctl.trainer.setup.models import load_tokenizer, stop_token_ids
 from rlctl.trainer.setup.prompts import PromptSource, load_prompts
 from rlctl.trainer.step.scoring import BatchScorer
+from rlctl.trainer.workers.handles import HANDLES, CriticGroup, PolicyGroup, ReferenceGroup
 from rlctl.trainer.workers.roles import CriticWorker, PolicyWorker, ReferenceWorker
 
 log = get_logger("rlctl.setup")
@@ -33,9 +34,9 @@ class RunContext:
     train_data: PromptSource
     val_prompts: DataProto | None
     reward: BatchScorer
-    policy: WorkerGroup
-    ref: WorkerGroup | None
-    critic: WorkerGroup | None
+    policy: PolicyGroup
+    ref: ReferenceGroup | PolicyGroup | None  # a LoRA policy is its own reference (adapter off)
+    critic: CriticGroup | None
     stop_ids: list[int]  # every token that ends a response (see models.stop_token_ids)
     pool: ResourcePool | None = None  # the groups' placement groups, released at shutdown
     plan: RunPlan | None = None  # what the workers were built from (RUN_DIR/plan.json)
@@ -82,7 +83,7 @@ def quiet_driver_threads(backend: str) -> int | None:
     return threads
 
 
-def _check_rollout_log_probs(profile: Profile, policy: WorkerGroup) -> None:
+def _check_rollout_log_probs(profile: Profile, policy: PolicyGroup) -> None:
     """Rollout correction reweights by the rollout engine's log-probs: refuse to run on wrong ones."""
     algo, r = profile.algorithm, profile.rollout
     if algo.rollout_correction == "off":
@@ -147,6 +148,7 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) 
         ),
         backend=c.backend,
         init_kwargs=init,
+        handles={role: HANDLES[role] for role in roles},
         env=plan.env,
         address=c.address,
         default_timeout=c.call_timeout_s,
@@ -171,10 +173,12 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) 
         train_data=train,
         val_prompts=val,
         reward=scorer,
-        policy=groups["policy"],
+        policy=cast(PolicyGroup, groups["policy"]),  # each group is its role's handle (HANDLES)
         # a LoRA actor serves its own reference (adapter off): no second model
-        ref=groups["policy"] if policy.serves_reference else groups.get("ref"),
-        critic=groups.get("critic"),
+        ref=cast(PolicyGroup, groups["policy"])
+        if policy.serves_reference
+        else cast(ReferenceGroup | None, groups.get("ref")),
+        critic=cast(CriticGroup | None, groups.get("critic")),
         stop_ids=stop_token_ids(profile.model.path, tokenizer),
         pool=pool,
         plan=plan,
