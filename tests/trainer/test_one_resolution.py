@@ -7,8 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+import rlctl.platforms.resolve as resolve
+from rlctl.platforms.resolve import resolve_platform
 from rlctl.trainer.state import checkpoint as ck
 from tests.cli_runner import run_cli
+from tests.trainer.test_plan_vendor_hosts import HOSTS, TARGETS, _profile, _run
 
 
 def resolved(doc: dict) -> str:
@@ -49,3 +54,19 @@ def test_a_resume_path_is_read_once(write_profile, tmp_path, monkeypatch):
     code, _, err = run_cli("train", str(profile), "--resume", str(point))
     assert code == 0, err
     assert asked == [str(point)]  # the run's one resolution, handed down to the loop
+
+
+@pytest.mark.parametrize("name", ["h100-580", "b200-sglang", "910b"])
+def test_a_vendor_host_and_its_hardware_target_resolve_the_same(name, tmp_path, monkeypatch, capsys):
+    """On a simulated vendor host with no optional kernel package, no violated pin and no vendor
+    variable of the user's, ``rlctl plan`` there and ``rlctl plan --hardware`` for its kind agree
+    byte for byte outside ``host`` (engine, kernels, keywords, env, specs, memory, checks)."""
+    make_host, engine, _, _ = HOSTS[name]
+    host = make_host(tmp_path)
+    monkeypatch.delenv("RLCTL_PLATFORM", raising=False)
+    monkeypatch.setattr(resolve, "Host", lambda env=None: host)
+    profile = _profile(tmp_path, resolve_platform("auto").name)
+    profile.write_text(profile.read_text().replace('engine = "auto"', f'engine = "{engine}"'))
+    on_host = _run(["plan", str(profile), "--json"], capsys)
+    target = _run(["plan", str(profile), "--hardware", TARGETS[name], "--json"], capsys)
+    assert resolved(on_host) == resolved(target)
