@@ -38,10 +38,11 @@ def train(
     refuse_failures(plan)  # one line naming each FAIL check and its fix; no worker has started
     run_dir = prepare_run_dir(run_dir)  # ours, writable by no one else, no symlink where we write
     with RunLock(run_dir):  # a second run on this directory exits 2 naming this one's pid and host
-        roles = plan.checkpointed_roles
-        point = checkpoint.prepare_resume(  # what the run continues, decided once, under the lock
-            run_dir, resume, check=lambda path, state: checkpoint.check_carries_over(path, state, roles), point=asked
-        )
+        def carries_over(path: Path, state: dict) -> None:  # the roles this run's checkpoints hold
+            checkpoint.check_carries_over(path, state, plan.checkpointed_roles)
+
+        # what the run continues, decided once under the lock, before any worker starts
+        point = checkpoint.prepare_resume(run_dir, resume, check=carries_over, point=asked)
         model_path = materialize_model(profile.model.path, run_dir / "base_model", seed=profile.run.seed)
         plan = plan.with_model_path(profile.model.path, model_path)
         profile = replace(profile, model=replace(profile.model, path=model_path))

@@ -92,7 +92,10 @@ def h100(tmp: Path, driver: str) -> Host:
     host = nvidia_host(
         tmp,
         FakePynvml(
-            names=["NVIDIA H100 80GB HBM3"] * 8, driver=driver, cuda_driver=cuda_driver, memory_total=81559 << 20
+            names=["NVIDIA H100 80GB HBM3"] * 8,
+            driver=driver,
+            cuda_driver=cuda_driver,
+            memory_total=81559 << 20,  # nvidia-smi's total on an H100 80GB HBM3 (the catalogue's)
         ),
     )
     site = tmp / "site"
