@@ -22,6 +22,7 @@ from rlctl.dispatch import DataProto
 
 ROW_COLUMNS = ("raw_prompt", "data_source", "ground_truth", "extra_info")
 CONVERSATION = "conversation"  # non-tensor column: each episode's messages as JSON
+ANSWER = "agent_answer"  # non-tensor column: an OpenAI-client agent's returned final answer
 
 
 def agent_meta(
@@ -34,12 +35,15 @@ def agent_meta(
     trust_remote_code: bool = False,
     openai_agent: str = "",
     gather_s: float = 0.0,
+    reward: str = "agent",
 ) -> dict[str, Any]:
     """The picklable agent settings a generation request carries (``openai_agent``: the user's
-    agent function played through the endpoint, instead of the environment ``env``)."""
+    agent function played through the endpoint, instead of the environment ``env``; ``reward``:
+    how its return value is read, :mod:`.outcome`)."""
     return {
         "env": env,
         "openai_agent": openai_agent,
+        "reward": reward,
         "gather_s": float(gather_s),
         "base_dir": base_dir,
         "max_turns": int(max_turns),
@@ -152,8 +156,13 @@ def _endpoint_episodes(
             "greedy": bool(meta.get("greedy", False)),
         },
         gather_s=float(agent.get("gather_s", 0.0)) or None,
+        reward_mode=str(agent.get("reward", "agent")),
     )
     tensors = rollout.run()
     return DataProto.from_dict(
-        tensors=tensors, non_tensors={CONVERSATION: [json.dumps(c) for c in rollout.conversations()]}
+        tensors=tensors,
+        non_tensors={
+            CONVERSATION: [json.dumps(c) for c in rollout.conversations()],
+            ANSWER: rollout.answers(),
+        },
     )

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from rlctl.agents.batch import CONVERSATION, ROW_COLUMNS, agent_meta
+from rlctl.agents.batch import ANSWER, CONVERSATION, ROW_COLUMNS, agent_meta
 from rlctl.agents.loader import load_agent_function, load_environment
 from rlctl.dispatch import DataProto
 from rlctl.errors import UserError
@@ -44,6 +44,7 @@ class EpisodeRollout:
             p.agent.env,
             openai_agent=p.agent.openai_agent,
             gather_s=p.agent.gather_s,
+            reward=p.agent.reward,
             base_dir=base_dir,
             max_turns=p.agent.max_turns,
             max_turn_tokens=p.agent.max_turn_tokens,
@@ -64,7 +65,10 @@ class EpisodeRollout:
         out = self.ctx.policy.generate_episodes(request)
         return DataProto.from_dict(
             tensors=out.batch,
-            non_tensors={**rows.non_tensor, CONVERSATION: out.non_tensor[CONVERSATION]},
+            non_tensors={
+                **rows.non_tensor,
+                **{k: out.non_tensor[k] for k in (CONVERSATION, ANSWER) if k in out.non_tensor},
+            },
             meta={
                 "temperature": self.ctx.profile.rollout.temperature,
                 "weight_version": out.meta.get("weight_version"),
@@ -74,40 +78,66 @@ class EpisodeRollout:
     def score(
         self, batch: DataProto, scorer: Any, *, shaping: bool = True
     ) -> tuple[DataProto, dict[str, float]]:
-        """The batch with its reward columns (the scorer's names) and the pass's error counts.
+        """The batch with its reward columns and the pass's error counts (:func:`score_episodes`)."""
+        return score_episodes(batch, scorer, reward_mode=self.ctx.profile.agent.reward, shaping=shaping)
 
-        ``scores`` is the environment's reward; rows whose environment returned None are scored by
-        ``scorer`` (the profile's reward) on their decoded model tokens. ``acc`` is the episode's
-        success. Length shaping does not apply to environment rewards.
-        """
-        t = batch.batch
-        env_reward = t["agent_reward"].float()
+
+def score_episodes(
+    batch: DataProto, scorer: Any, *, reward_mode: str = "agent", shaping: bool = True
+) -> tuple[DataProto, dict[str, float]]:
+    """The batch with its reward columns (the scorer's names) and the pass's error counts.
+
+    ``scores`` is the environment's or agent's reward (``agent_reward``); rows where it is NaN
+    (none given) are scored by ``scorer`` (the profile's reward) on the agent's returned final
+    answer where it returned one (``agent_answered``), else on their decoded model tokens. With
+    ``reward_mode = "sum"`` (:mod:`.outcome`) every episode whose agent did not fail is scored so
+    and its agent's number added. ``acc`` is the episode's success: the scorer's where it scored.
+    Length shaping applies to the scorer's part only.
+    """
+    t = batch.batch
+    env_reward = t["agent_reward"].float()
+    summed = reward_mode == "sum"
+    if summed:
+        failed = t["agent_errors"].bool() if "agent_errors" in t else torch.zeros_like(env_reward, dtype=torch.bool)
+        deferred = ~failed
+        bonus = torch.nan_to_num(env_reward, nan=0.0)
+    else:
         deferred = torch.isnan(env_reward)
-        acc = t["agent_success"].float()
-        counts: dict[str, float] = {}
-        if bool(deferred.any()):
-            scored, counts = scorer.score(batch, shaping=shaping)
-            s = scored.batch
-            raw = torch.where(deferred, s["raw_scores"], env_reward)
-            scores = torch.where(deferred, s["scores"], env_reward)
-            if "acc" in s:
-                acc = torch.where(deferred, s["acc"].float(), acc)
-            batch = scored
-        else:
-            raw = scores = env_reward
-        tensors = {
-            "raw_scores": raw,
-            "scores": scores,
-            "acc": acc,
-            "signal_acc": acc,
-            "token_level_scores": on_last_model_token(scores, t["response_mask"]),
-        }
-        kept = DataProto.from_dict(
-            tensors={k: v for k, v in batch.batch.items() if k not in tensors},
-            non_tensors=batch.non_tensor,
-            meta=batch.meta,
-        )
-        return kept.union(DataProto.from_dict(tensors=tensors)), counts
+        bonus = torch.zeros_like(env_reward)
+    acc = t["agent_success"].float()
+    counts: dict[str, float] = {}
+    if bool(deferred.any()):
+        kwargs: dict[str, Any] = {}
+        answered = t["agent_answered"].bool() if "agent_answered" in t else None
+        if answered is not None and bool(answered.any()):
+            decoded = scorer.decode(batch)
+            answers = batch.non_tensor[ANSWER]
+            kwargs["solutions"] = [
+                str(answers[i]) if bool(answered[i]) else decoded[i] for i in range(len(decoded))
+            ]
+        scored, counts = scorer.score(batch, shaping=shaping, **kwargs)
+        s = scored.batch
+        raw = torch.where(deferred, s["raw_scores"].float() + bonus, env_reward)
+        scores = torch.where(deferred, s["scores"].float() + bonus, env_reward)
+        if "acc" in s:
+            acc = torch.where(deferred, s["acc"].float(), acc)
+        batch = scored
+    else:
+        raw = scores = env_reward
+    tensors = {
+        "raw_scores": raw,
+        "scores": scores,
+        "acc": acc,
+        "signal_acc": acc,
+        "agent_success": acc,  # agent/success: the scorer's verdict where it scored the episode
+        "token_level_scores": on_last_model_token(scores, t["response_mask"]),
+    }
+    kept = DataProto.from_dict(
+        tensors={k: v for k, v in batch.batch.items() if k not in tensors},
+        non_tensors=batch.non_tensor,
+        meta=batch.meta,
+    )
+    return kept.union(DataProto.from_dict(tensors=tensors)), counts
 
 
 def on_last_model_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

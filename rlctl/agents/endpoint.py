@@ -6,8 +6,9 @@ requests are batched into the rollout engine's ``generate`` (:mod:`.batcher`) an
 for token (:mod:`.trajectory`). The result has the native rollout's batch layout
 (:func:`rlctl.agents.rollout.run_episodes`): the episode's last chain laid out as prompt and
 response, ``response_mask`` 1 on sampled tokens only, ``rollout_log_probs`` their sampling
-log-probs. The agent's return value is the reward (a number or a bool; None leaves it to the
-profile's reward on the decoded model tokens). An agent that raises gets reward 0 and is counted
+log-probs. The agent's return value is read by :mod:`.outcome` (``agent.reward``): a number or a
+bool is the reward, a string the final answer the profile's reward scores, None leaves it to the
+profile's reward on the decoded model tokens. An agent that raises gets reward 0 and is counted
 (``agent/agent_errors``, its first error logged); when every agent raised, the rollout fails.
 
 Limits, as in the native rollout: ``max_turns`` requests per episode, ``max_turn_tokens`` per
@@ -31,6 +32,7 @@ from rlctl.agents.batcher import Batcher, Generate
 from rlctl.agents.chat import normalise, render, renders_tool_role
 from rlctl.agents.completions import ApiError, ChatRequest, Choice, completion, stream_chunks
 from rlctl.agents.http_server import EndpointServer
+from rlctl.agents.outcome import Outcome, read_outcome
 from rlctl.agents.rows import assemble
 from rlctl.agents.trajectory import EpisodeTrace
 from rlctl.errors import RunError, UserError
@@ -72,18 +74,19 @@ class EndpointRollout:
         sampling: dict[str, Any],
         gather_s: float | None = None,
         max_batch: int = 0,
+        reward_mode: str = "agent",
     ) -> None:
         self.generate, self.tokenizer, self.agent, self.rows = generate, tokenizer, agent, list(rows)
         self.max_turns, self.max_tokens, self.max_turn_tokens = list(max_turns), max_tokens, max_turn_tokens
         self.eos, self.pad, self.seed, self.gather_s = eos_token_id, pad_token_id, seed, gather_s
-        self.sampling, self.max_batch = sampling, max_batch
+        self.sampling, self.max_batch, self.reward_mode = sampling, max_batch, reward_mode
         self.tool_role = renders_tool_role(tokenizer)
         self.prompt_ids, self.prompt_mask = prompt_ids, prompt_mask
         self.traces = [EpisodeTrace(prompt_width=prompt_ids.shape[1]) for _ in self.rows]
         self.turns = [0] * len(self.rows)
         self.tool_calls = [0] * len(self.rows)
         self.tool_errors = [0] * len(self.rows)
-        self.rewards: list[float | None] = [None] * len(self.rows)
+        self.outcomes = [Outcome() for _ in self.rows]
         self.failed: list[BaseException | None] = [None] * len(self.rows)
         self.server: EndpointServer | None = None
         self.engine_error: BaseException | None = None
@@ -152,12 +155,7 @@ class EndpointRollout:
     async def _episode(self, i: int, client: Any) -> None:
         assert self.batcher is not None
         try:
-            value = await self.agent(client, dict(self.rows[i]))
-            if value is not None and not isinstance(value, (int, float)):
-                raise TypeError(
-                    f"the agent returned {type(value).__name__}; expected a number, a bool or None"
-                )
-            self.rewards[i] = None if value is None else float(value)
+            self.outcomes[i] = read_outcome(await self.agent(client, dict(self.rows[i])), self.reward_mode)
         except Exception as exc:  # the agent's failure is its episode's, not the run's
             self.failed[i] = exc
         finally:
@@ -189,6 +187,11 @@ class EndpointRollout:
             await base.close()
             await self.server.close()
 
+    def answers(self) -> list[str]:
+        """Each episode's final answer as the agent returned it ("" where it returned none:
+        ``agent_answered`` says which)."""
+        return [o.answer or "" for o in self.outcomes]
+
     def conversations(self) -> list[list[dict[str, Any]]]:
         """Each episode's last request (as rendered) and its first answer, for the run's samples."""
         return [t.conversation for t in self.traces]
@@ -210,7 +213,7 @@ class EndpointRollout:
                     f"rollout: every one of {len(errors)} agent episodes raised; the first: "
                     f"{type(first).__name__}: {first}"
                 ) from first
-        rewards = [0.0 if self.failed[i] is not None else r for i, r in enumerate(self.rewards)]
+        ok = [o if self.failed[i] is None else Outcome(reward=0.0) for i, o in enumerate(self.outcomes)]
         return assemble(
             [t.row() for t in self.traces],
             self.prompt_ids,
@@ -220,7 +223,8 @@ class EndpointRollout:
             turns=self.turns,
             tool_calls=self.tool_calls,
             tool_errors=self.tool_errors,
-            rewards=[math.nan if r is None else r for r in rewards],
+            rewards=[math.nan if o.reward is None else o.reward for o in ok],
+            answered=[o.answer is not None for o in ok],
             truncated=[t.truncated for t in self.traces],
             mismatches=[t.mismatches for t in self.traces],
             failed=[e is not None for e in self.failed],

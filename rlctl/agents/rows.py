@@ -69,6 +69,7 @@ def assemble(
     tool_calls: Sequence[int],
     tool_errors: Sequence[int],
     rewards: Sequence[float],
+    answered: Sequence[bool],
     truncated: Sequence[bool],
     mismatches: Sequence[int],
     failed: Sequence[bool],
@@ -98,4 +99,5 @@ def assemble(
         "agent_truncated": column(truncated),
         "agent_prefix_mismatch": column(mismatches),
         "agent_errors": column(failed),
+        "agent_answered": column(answered),  # the agent returned a final answer (the answer column)
     }

@@ -29,6 +29,7 @@ import torch
 from rlctl.bench.parity_env import ParityCase, environment
 from rlctl.bench.parity_errors import error_stats, gap_stats, grad_norm_stats, judged, masked, update_stats
 from rlctl.bench.parity_reference import group_norms, reference_pass, surrogate_loss
+from rlctl.devices import runtime_of
 from rlctl.engines.hf_model import resolve_dtype
 from rlctl.engines.numerics import (
     Tolerance,
@@ -105,9 +106,7 @@ def _model_type(path: str) -> str:
 
 
 def _sync(device: str) -> None:
-    accel = getattr(torch, torch.device(device).type, None)
-    if accel is not None and hasattr(accel, "synchronize") and torch.device(device).type != "cpu":
-        accel.synchronize()
+    runtime_of(device).synchronize()
 
 
 def measure_dtype(case: ParityCase, dtype: str, settings: ParitySettings) -> dict:

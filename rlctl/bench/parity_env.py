@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from rlctl.devices import runtime_of
 from rlctl.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,7 +143,6 @@ def environment(device: str) -> dict:
         if version.is_file():
             record["driver"]["nvidia"] = version.read_text().splitlines()[0].strip()
     elif dev.type != "cpu":
-        accel = getattr(torch, dev.type, None)
-        name = getattr(accel, "get_device_name", None)
+        name = getattr(runtime_of(dev).module, "get_device_name", None)
         record["device_name"] = name(dev) if name else dev.type
     return record

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlctl.devices import runtime_of
+
 
 def with_layers(cfg: dict, layers: int) -> dict:
     return {**cfg, "num_hidden_layers": layers}
@@ -108,7 +110,7 @@ class BenchDevice:
         return self.type == "cpu"
 
     def accel(self):  # noqa: ANN201 - torch.cuda or an equivalent module
-        return getattr(torch, self.type)
+        return runtime_of(self.type).module
 
     def count(self) -> int | None:
         """How many ranks fit (one per device); None on the host (no limit)."""

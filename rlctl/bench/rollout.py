@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from rlctl.devices import runtime_of
 from rlctl.engines.hf_model import resolve_dtype
 
 
@@ -76,9 +77,7 @@ def _prompts(cfg: RolloutBenchConfig, vocab: int) -> tuple[torch.Tensor, torch.T
 
 
 def _sync(device: torch.device) -> None:
-    accel = None if device.type == "cpu" else getattr(torch, device.type, None)
-    if accel is not None and hasattr(accel, "synchronize"):
-        accel.synchronize()
+    runtime_of(device).synchronize()
 
 
 def run_rollout_bench(cfg: RolloutBenchConfig) -> dict:

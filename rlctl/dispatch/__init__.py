@@ -15,7 +15,7 @@ Role code (identical for both backends)::
 
 Driver::
 
-    pool = ResourcePool(nodes=1, devices_per_node=4, resource=platform.ray_resource)
+    pool = ResourcePool(1, 4, platform.ray_resource, runtime=platform.runtime_spec())
     groups = spawn_colocated(pool, {"actor": ActorWorker, "ref": RefWorker}, mesh={"dp": 4},
                              init_kwargs={"actor": {...}}, backend="ray")   # or "inprocess"
     gen = groups["actor"].generate_sequences(prompts)          # a DispatchFuture (non-blocking)

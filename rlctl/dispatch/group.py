@@ -17,7 +17,7 @@ from rlctl.dispatch.mesh import Mesh
 from rlctl.dispatch.modes import Execute, MethodSpec, get_mode, plan_call, registered_methods
 from rlctl.dispatch.pool import ResourcePool
 from rlctl.dispatch.remote import declared_methods
-from rlctl.dispatch.worker import DEVICE_OF_RESOURCE, WorkerContext
+from rlctl.dispatch.worker import WorkerContext
 from rlctl.errors import UserError
 
 BACKENDS = ("ray", "inprocess")
@@ -243,7 +243,7 @@ def spawn_colocated(
     processes, infos = be.spawn_hosts(pool, dict(env or {}))
     hosts = _Hosts(be, processes, infos)
     master_addr, master_port = infos[0]["ip"], int(infos[0]["free_port"])
-    device_type = DEVICE_OF_RESOURCE.get(pool.resource, pool.resource.lower())
+    device = pool.runtime_spec()
     groups: dict[str, WorkerGroup] = {}
     try:
         for role, cls in roles.items():
@@ -257,8 +257,8 @@ def spawn_colocated(
                     mesh=role_meshes[role],
                     master_addr=master_addr,
                     master_port=master_port,
-                    device_type=device_type,
-                    device_index=(r if backend == "inprocess" and device_type != "cpu" else None),
+                    runtime_spec=device,
+                    device_index=(r if backend == "inprocess" and not device.is_cpu else None),
                     in_process=backend == "inprocess",
                 )
                 for r in range(pool.world_size)

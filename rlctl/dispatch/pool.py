@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlctl.errors import RunError, UserError
+from rlctl.platforms.runtime_spec import CPU_RUNTIME, RuntimeSpec
 
 
 @dataclass
@@ -28,6 +29,7 @@ class ResourcePool:
     max_groups: int = 4
     name: str = ""
     ready_timeout_s: float = 120.0
+    runtime: RuntimeSpec | None = None  # the platform's devices (``Platform.runtime_spec``); CPU if None
     _pgs: list[Any] = field(default_factory=list, repr=False, init=False)
     _node_ids: list[str] = field(default_factory=list, repr=False, init=False)
 
@@ -38,6 +40,23 @@ class ResourcePool:
             )
         if self.max_groups < 1:
             raise UserError(f"ResourcePool.max_groups must be >= 1, got {self.max_groups}")
+        if self.runtime is not None and self.runtime.ray_resource != self.resource:
+            raise UserError(
+                f"ResourcePool: resource {self.resource!r} is not the platform's Ray resource "
+                f"{self.runtime.ray_resource!r} ({self.runtime.device_type})"
+            )
+
+    def runtime_spec(self) -> RuntimeSpec:
+        """The devices the workers on this pool run on: the platform's, or the CPU for a CPU pool.
+        A pool of accelerators without them is a UserError (there is no table to guess from)."""
+        if self.runtime is not None:
+            return self.runtime
+        if self.resource == "CPU":
+            return CPU_RUNTIME
+        raise UserError(
+            f"ResourcePool(resource={self.resource!r}) needs runtime=platform.runtime_spec() to know "
+            "its workers' torch device and collective backend"
+        )
 
     @property
     def world_size(self) -> int:

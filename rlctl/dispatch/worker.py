@@ -17,13 +17,12 @@ from typing import Any
 
 import torch
 
+from rlctl.devices import DeviceRuntime
 from rlctl.dispatch.errors import WorkerError
 from rlctl.dispatch.futures import execute_on_rank
 from rlctl.dispatch.mesh import Mesh
 from rlctl.dispatch.modes import registered_methods
-
-DEVICE_OF_RESOURCE = {"CPU": "cpu", "GPU": "cuda", "NPU": "npu"}
-DIST_BACKEND_OF_DEVICE = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+from rlctl.platforms.runtime_spec import CPU_RUNTIME, RuntimeSpec
 
 
 @dataclass(frozen=True)
@@ -38,9 +37,13 @@ class WorkerContext:
     mesh: Mesh
     master_addr: str
     master_port: int
-    device_type: str = "cpu"
+    runtime_spec: RuntimeSpec = CPU_RUNTIME  # the platform's devices (``Platform.runtime_spec``)
     device_index: int | None = None  # None: the one visible device of this process (Ray sets visibility)
     in_process: bool = False
+
+    @property
+    def device_type(self) -> str:
+        return self.runtime_spec.device_type
 
 
 class Worker:
@@ -80,17 +83,19 @@ class Worker:
         return self._rlctl_ctx.mesh.coords(self.rank)
 
     @property
+    def device_runtime(self) -> DeviceRuntime:
+        """The platform's runtime half for this rank's devices (module, set_device, memory)."""
+        return DeviceRuntime(self._rlctl_ctx.runtime_spec)
+
+    @property
     def device(self) -> torch.device:
-        c = self._rlctl_ctx
-        if c.device_type == "cpu":
-            return torch.device("cpu")
-        return torch.device(c.device_type, 0 if c.device_index is None else c.device_index)
+        return self.device_runtime.device(self._rlctl_ctx.device_index)
 
     def init_distributed(self, backend: str | None = None, timeout_s: float = 600.0) -> None:
         """Join this group's torch.distributed world (idempotent; colocated roles share it).
 
-        ``backend`` defaults to the device's collective (gloo / nccl / hccl); pass the platform's
-        ``dist_backend`` to be explicit. In-process groups can only do this with world_size 1.
+        ``backend`` defaults to the platform's collective (its ``RuntimeSpec.dist_backend``).
+        In-process groups can only do this with world_size 1.
         """
         import torch.distributed as dist
 
@@ -108,9 +113,9 @@ class Worker:
                     f"in this process; role {c.role!r} needs rank {c.rank}/{c.world_size}"
                 )
             return
-        backend = backend or DIST_BACKEND_OF_DEVICE.get(c.device_type, "gloo")
-        if c.device_type == "cuda" and torch.cuda.is_available():
-            torch.cuda.set_device(self.device)
+        runtime = self.device_runtime
+        backend = backend or runtime.dist_backend
+        runtime.set_device(c.device_index)
         dist.init_process_group(
             backend,
             init_method=f"tcp://{c.master_addr}:{c.master_port}",

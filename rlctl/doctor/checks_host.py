@@ -7,28 +7,16 @@ import platform as _py
 import re
 import subprocess
 import sys
+from dataclasses import replace
 
-from rlctl.doctor.check import CheckResult, failed, passed, skipped, warned
 from rlctl.doctor.env_vars import relevant_env
 from rlctl.platforms import Platform
+from rlctl.verdict import Check, failed, passed, skipped, warned
 
-TORCH_FIX = {
-    "nvidia": "install a CUDA build of torch, e.g. pip install torch --index-url https://download.pytorch.org/whl/cu128",
-    "rocm": "install a ROCm build of torch, e.g. pip install torch --index-url https://download.pytorch.org/whl/rocm6.3",
-    "ascend": "install the CPU build of torch that your torch_npu was built for",
-    "cpu": "pip install torch --index-url https://download.pytorch.org/whl/cpu",
-}
-DRIVER_FIX = {
-    "nvidia": "install/load the NVIDIA driver (nvidia-smi must work), or choose another platform with RLCTL_PLATFORM",
-    "rocm": "load the amdgpu driver and install ROCm (/dev/kfd must exist), or choose another platform",
-    "ascend": "install the Ascend driver and CANN (/dev/davinci* must exist), or choose another platform",
-}
-
-SMI_TOOL = {"nvidia": "nvidia-ml-py", "rocm": "pyrsmi (pip install 'rlctl[rocm]')", "ascend": "npu-smi"}
 MISSING_TOOL = ("ModuleNotFoundError", "not found on PATH")
 
 
-def check_plugins(p: Platform) -> list[CheckResult]:
+def check_plugins(p: Platform) -> list[Check]:
     """Out-of-tree plugins that failed to load (they never stop resolution, but you should know)."""
     errors = getattr(p.resolution, "plugin_errors", {}) or {}
     return [
@@ -37,7 +25,7 @@ def check_plugins(p: Platform) -> list[CheckResult]:
     ]
 
 
-def check_near_misses(p: Platform) -> list[CheckResult]:
+def check_near_misses(p: Platform) -> list[Check]:
     """Accelerators whose probe saw part of their stack but not a usable device (e.g. a container
     that sees the host's NVIDIA kernel module but got no /dev/nvidia*): a WARN each."""
     res = p.resolution
@@ -50,7 +38,7 @@ def check_near_misses(p: Platform) -> list[CheckResult]:
     return rows
 
 
-def check_ray_devices(p: Platform) -> list[CheckResult]:
+def check_ray_devices(p: Platform) -> list[Check]:
     """Will Ray see this platform's devices? On ROCm, Ray 2.60 needs the amdsmi package."""
     check = getattr(p, "ray_gpu_check", None)
     if check is None or not p.probe().found:
@@ -63,7 +51,7 @@ def check_ray_devices(p: Platform) -> list[CheckResult]:
     return [skipped("ray-devices", reason, "platform")]
 
 
-def check_ray_network(p: Platform) -> list[CheckResult]:
+def check_ray_network(p: Platform) -> list[Check]:
     """Who can reach the Ray cluster rlctl starts: loopback only, and whether a token is required."""
     version = p.host.dists.version("ray")
     if version is None:
@@ -80,7 +68,7 @@ def check_ray_network(p: Platform) -> list[CheckResult]:
                    "pip install 'ray>=2.59' and leave RAY_AUTH_MODE unset", "platform")]  # fmt: skip
 
 
-def check_torch_import(p: Platform, timeout: float = 120.0) -> list[CheckResult]:
+def check_torch_import(p: Platform, timeout: float = 120.0) -> list[Check]:
     """``import torch`` in a child when a ``torch.backends`` plugin (torch_npu) is installed:
     torch imports every such plugin itself, so a broken torch_npu breaks ``import torch``."""
     plugins = p.host.dists.entry_points("torch.backends")
@@ -114,18 +102,13 @@ def check_torch_import(p: Platform, timeout: float = 120.0) -> list[CheckResult]
     return [failed("torch-import", f"import torch fails because it autoloads {names}: {why}", fix, "torch")]
 
 
-def check_busy_devices(p: Platform) -> list[CheckResult]:
+def check_busy_devices(p: Platform) -> list[Check]:
     """Processes the vendor SMI shows holding device memory (npu-smi's process table)."""
     procs = p.probe().details.get("processes") or []
     if not procs:
         return []
-    where = "; ".join(
-        f"NPU {q['npu']}"
-        + (f" chip {q['chip']}" if "chip" in q else "")
-        + f" pid {q['pid']}"
-        + (f" ({q['memory_mb']} MB)" if "memory_mb" in q else "")
-        for q in procs[:4]
-    ) + (f" (+{len(procs) - 4} more)" if len(procs) > 4 else "")
+    where = "; ".join(p.process_line(q) for q in procs[:4])
+    where += f" (+{len(procs) - 4} more)" if len(procs) > 4 else ""
     vis = p.visible_devices_env or "the visible-devices variable"
     return [
         warned(
@@ -138,14 +121,14 @@ def check_busy_devices(p: Platform) -> list[CheckResult]:
     ]
 
 
-def check_platform(p: Platform) -> CheckResult:
+def check_platform(p: Platform) -> Check:
     """The chosen platform, why, and whether its hardware is actually here."""
     res = p.resolution
     why = res.reason if res is not None else "chosen by the caller"
     probe = p.probe()
     details = {"tier": getattr(res, "tier", None), "probe": probe.reason, **p.describe()}
     if not probe.found:
-        fix = DRIVER_FIX.get(p.name, "run on a host with this platform's devices, or unset RLCTL_PLATFORM")
+        fix = p.driver_fix or "run on a host with this platform's devices, or unset RLCTL_PLATFORM"
         return failed("platform", f"{p.name} {why}, but {probe.reason}", fix, "platform", **details)
     return passed("platform", f"{p.name} {why}", "platform", **details)
 
@@ -172,7 +155,7 @@ def _cpu_model() -> str:
     return _py.processor() or _py.machine()
 
 
-def check_host() -> CheckResult:
+def check_host() -> Check:
     """OS, Python, CPU and memory (informational; old Python warns)."""
     mem = _meminfo_gib()
     info = {
@@ -187,7 +170,7 @@ def check_host() -> CheckResult:
     return passed("host", line, "host", **info)
 
 
-def check_torch(p: Platform) -> CheckResult:
+def check_torch(p: Platform) -> Check:
     """torch's build flavour (read from torch/version.py, not imported) against the platform."""
     tb = p.host.torch
     details = {
@@ -197,7 +180,7 @@ def check_torch(p: Platform) -> CheckResult:
         "hip": tb.hip,
         "source": tb.source,
     }
-    fix = TORCH_FIX.get(p.name, "install the torch build this platform needs")
+    fix = p.torch_install or "install the torch build this platform needs"
     if tb.version is None:
         return failed("torch", "torch is not installed", fix, "torch", **details)
     build = f"torch {tb.version} ({tb.flavour} build" + (f", CUDA {tb.cuda}" if tb.cuda else "")
@@ -205,24 +188,13 @@ def check_torch(p: Platform) -> CheckResult:
     if tb.flavour not in p.torch_flavours:
         want = " or ".join(p.torch_flavours)
         return failed("torch", f"{build}, but {p.name} needs a {want} build", fix, "torch", **details)
-    if p.name == "ascend":
-        npu = p.host.dists.get("torch-npu")
-        if npu is None:
-            npu_fix = "pip install " + p.torch_npu_requirement()  # type: ignore[attr-defined]
-            return failed("torch", f"{build}, but torch_npu is not installed", npu_fix, "torch", **details)
-        if p.host.env.get("TORCH_DEVICE_BACKEND_AUTOLOAD") == "0":
-            return warned(
-                "torch",
-                f"{build} + torch_npu {npu.version}, but TORCH_DEVICE_BACKEND_AUTOLOAD=0 stops torch_npu loading",
-                "unset TORCH_DEVICE_BACKEND_AUTOLOAD (or import torch_npu explicitly)",
-                "torch",
-                **details,
-            )
-        return passed("torch", f"{build} + torch_npu {npu.version}", "torch", **details)
+    vendor = p.torch_check(build)
+    if vendor is not None:
+        return replace(vendor, details={**details, **vendor.details})
     return passed("torch", f"{build} fits {p.name}", "torch", **details)
 
 
-def check_driver(p: Platform) -> CheckResult:
+def check_driver(p: Platform) -> Check:
     """Driver and toolkit versions as the probe read them."""
     if p.name == "cpu":
         return skipped("driver", "no accelerator driver needed on CPU", "driver")
@@ -232,31 +204,26 @@ def check_driver(p: Platform) -> CheckResult:
         return skipped("driver", f"no {p.name} device found (see platform)", "driver", **d)
     err = d.get("smi_error")
     if err and any(m in err for m in MISSING_TOOL):
-        tool = SMI_TOOL.get(p.name, "the vendor SMI tool")
+        tool = p.smi_tool or "the vendor SMI tool"
         return warned(
             "driver", f"device files found; {tool} unavailable: {err}", f"install {tool}", "driver", **d
         )
     if err:
-        fix = DRIVER_FIX.get(p.name, "fix the vendor driver")
+        fix = p.driver_fix or "fix the vendor driver"
         return failed("driver", f"{p.name} management library failed: {err}", fix, "driver", **d)
     parts = []
     for key, label in (("driver_version", "driver"), ("cuda_driver", "CUDA driver API"),
                        ("rocm_version", "ROCm"), ("cann_version", "CANN")):  # fmt: skip
         if d.get(key):
             parts.append(f"{label} {d[key]}")
-    if p.name == "ascend" and not d.get("cann_version"):
-        return warned(
-            "driver", "CANN toolkit not found", "source set_env.sh of the CANN toolkit", "driver", **d
-        )
-    if p.name == "rocm" and not d.get("rocm_version"):
-        return warned(
-            "driver", "ROCm version not found (/opt/rocm/.info/version)", "install ROCm", "driver", **d
-        )
+    vendor = p.driver_check(d)
+    if vendor is not None:
+        return vendor
     devs = d.get("devices", [])
     return passed("driver", f"{len(devs)} device(s); " + ", ".join(parts), "driver", **d)
 
 
-def check_kernels(p: Platform) -> list[CheckResult]:
+def check_kernels(p: Platform) -> list[Check]:
     """Each engine's kernel setting on this platform (training's attention implementation, and
     per rollout engine its kernel, keywords, environment and source), then the rollout engine."""
     att = p.attention_candidates()
@@ -306,7 +273,7 @@ def check_kernels(p: Platform) -> list[CheckResult]:
     return rows
 
 
-def check_env(p: Platform) -> list[CheckResult]:
+def check_env(p: Platform) -> list[Check]:
     """Variables that matter (secrets redacted) and the ones that are wrong for this platform."""
     env = relevant_env(p.host.env)
     rows = [

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 
-from rlctl.doctor.check import CheckResult, passed, skipped, warned
 from rlctl.platforms import Platform
+from rlctl.verdict import Check, passed, skipped, warned
 
 
-def check_lora_sync(p: Platform, torch_imports: bool = True) -> CheckResult:
+def check_lora_sync(p: Platform, torch_imports: bool = True) -> Check:
     """Adapter-only sync where the engine holds the base plus an adapter it updates in place (HF);
     merged-weight sync (the full model's bytes every step) where rlctl has no adapter path for it.
     The engine modules import torch in this process: not tried when ``import torch`` fails (the

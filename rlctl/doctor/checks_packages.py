@@ -7,13 +7,14 @@ The consistency check is ``pip check`` restricted to the RL stack: every uncondi
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from packaging.specifiers import SpecifierSet
 
-from rlctl.doctor.check import CheckResult, failed, passed, skipped, warned
 from rlctl.platforms import Platform
 from rlctl.platforms.dists import DistIndex, parse_version
 from rlctl.platforms.pin_checks import evaluate_pins
+from rlctl.verdict import PASS, SKIP, Check, failed, passed, skipped
 
 # distribution -> required on every platform?
 PACKAGES: dict[str, bool] = {
@@ -38,7 +39,7 @@ PACKAGES: dict[str, bool] = {
 STACK = ("rlctl", "torch", "transformers", "ray", "vllm", "sglang", "vllm-ascend", "torch-npu", "flash-attn")
 
 
-def check_packages(p: Platform) -> list[CheckResult]:
+def check_packages(p: Platform) -> list[Check]:
     """One row per package that matters: its version, or that it is missing."""
     rows = []
     for name, required in PACKAGES.items():
@@ -56,19 +57,14 @@ def check_packages(p: Platform) -> list[CheckResult]:
 
 def check_pins(
     p: Platform, imports: Mapping[str, str] | None = None, engine: str | None = None
-) -> list[CheckResult]:
+) -> list[Check]:
     """One row per pin that applies to the platform, with its source and the symptom it prevents
     (:func:`rlctl.platforms.pin_checks.evaluate_pins`: the verdicts a run's preflight uses)."""
-    make = {"PASS": passed, "SKIP": skipped}
-    rows = []
-    for v in evaluate_pins(p, engine, imports):
-        info = {"source": v.source, "symptom": v.symptom, "status": v.status}
-        if v.verdict in make:
-            rows.append(make[v.verdict](f"pin:{v.id}", v.reason, "pins", **info))
-        else:
-            row = failed if v.verdict == "FAIL" else warned
-            rows.append(row(f"pin:{v.id}", v.reason, v.fix, "pins", **info))
-    return rows
+    shown = ("source", "symptom", "status")  # the pin's id is in the row's name
+    return [
+        replace(v, fix="" if v.verdict in (PASS, SKIP) else v.fix, details={k: v.details[k] for k in shown})
+        for v in evaluate_pins(p, engine, imports)
+    ]
 
 
 # a platform plugin installed after its base package, whose own pins replace the base's: vLLM's
@@ -99,7 +95,7 @@ def unmet_requirements(dists: DistIndex, name: str) -> list[str]:
     return problems
 
 
-def check_consistency(p: Platform) -> list[CheckResult]:
+def check_consistency(p: Platform) -> list[Check]:
     """For each installed member of the RL stack: are its own requirements satisfied?"""
     rows = []
     for name in STACK:

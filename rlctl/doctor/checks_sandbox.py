@@ -7,10 +7,10 @@ FAIL: no interpreter starts in the sandbox, so code rewards cannot run at any le
 
 from __future__ import annotations
 
-from rlctl.doctor.check import CheckResult, failed, passed, warned
+from rlctl.verdict import Check, failed, passed, warned
 
 
-def check_sandbox() -> list[CheckResult]:
+def check_sandbox() -> list[Check]:
     """Probe the sandbox (a few trivial snippets, cached per process) and report each layer.
 
     Imported here, not at module level: ``rlctl.rewards`` imports torch, and doctor must still

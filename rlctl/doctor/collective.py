@@ -1,7 +1,8 @@
 """One rank of doctor's collective smoke test: ``python -m rlctl.doctor.collective``.
 
-Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, RLCTL_DOCTOR_BACKEND and RLCTL_DOCTOR_DEVICE
-from the environment, all-reduces ``rank + 1`` and prints one JSON line with the result.
+Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and RLCTL_DOCTOR_DEVICE (the platform's
+``RuntimeSpec`` as JSON) from the environment, all-reduces ``rank + 1`` on the platform's backend
+through its runtime half (:mod:`rlctl.devices`) and prints one JSON line with the result.
 """
 
 from __future__ import annotations
@@ -14,17 +15,17 @@ from datetime import timedelta
 
 def main() -> dict:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    backend, device_type = os.environ["RLCTL_DOCTOR_BACKEND"], os.environ["RLCTL_DOCTOR_DEVICE"]
     import torch
     import torch.distributed as dist
 
+    from rlctl.devices import DeviceRuntime
+    from rlctl.platforms.runtime_spec import RuntimeSpec
+
     torch.set_num_threads(1)
-    if device_type == "npu":
-        import torch_npu  # noqa: F401  (registers the npu device and hccl)
-    device = torch.device(device_type, rank) if device_type != "cpu" else torch.device("cpu")
-    if device_type != "cpu":
-        getattr(torch, device_type).set_device(device)
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    runtime = DeviceRuntime(RuntimeSpec.from_json(os.environ["RLCTL_DOCTOR_DEVICE"]))
+    device = runtime.device(rank)
+    runtime.set_device(rank)
+    dist.init_process_group(runtime.dist_backend, rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:
         t = torch.tensor([float(rank + 1)], device=device)
         dist.all_reduce(t)

@@ -15,8 +15,8 @@ import sys
 import tempfile
 from collections.abc import Mapping
 
-from rlctl.doctor.check import CheckResult, failed, passed, skipped
 from rlctl.platforms import Platform
+from rlctl.verdict import Check, failed, passed, skipped
 
 # distribution -> module to import
 IMPORTS = {
@@ -27,11 +27,6 @@ IMPORTS = {
     "flash-attn": "flash_attn",
     "torch-npu": "torch_npu",
     "vllm-ascend": "vllm_ascend",
-}
-_COUNT = {
-    "cuda": "import torch; print(torch.cuda.device_count())",
-    "npu": "import torch, torch_npu; print(torch.npu.device_count())",
-    "cpu": "import torch; print(1)",
 }
 
 
@@ -65,7 +60,7 @@ def try_imports(p: Platform, timeout: float) -> dict[str, str]:
     return out
 
 
-def check_imports(results: Mapping[str, str]) -> list[CheckResult]:
+def check_imports(results: Mapping[str, str]) -> list[Check]:
     rows = []
     for module, err in results.items():
         if err:
@@ -79,13 +74,14 @@ def check_imports(results: Mapping[str, str]) -> list[CheckResult]:
     return rows
 
 
-def check_devices(p: Platform, timeout: float) -> CheckResult:
-    """Does torch itself see the platform's devices?"""
-    if p.name == "cpu" or p.device_type not in _COUNT:
+def check_devices(p: Platform, timeout: float) -> Check:
+    """Does torch itself see the platform's devices? (The runtime half counts them in a child.)"""
+    spec = p.runtime_spec()
+    if spec.is_cpu:
         return skipped("deep:devices", "CPU: nothing to count", "deep")
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", _COUNT[p.device_type]], capture_output=True, text=True, timeout=timeout
+            [sys.executable, "-m", "rlctl.devices", spec.to_json()], capture_output=True, text=True, timeout=timeout
         )
         n = int(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else -1
     except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
@@ -102,7 +98,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def check_collective(p: Platform, timeout: float, world: int | None = None) -> CheckResult:
+def check_collective(p: Platform, timeout: float, world: int | None = None) -> Check:
     """All-reduce across ``world`` child processes on the platform's backend (2 on CPU)."""
     name = f"collective:{p.dist_backend}"
     if world is None:
@@ -114,8 +110,7 @@ def check_collective(p: Platform, timeout: float, world: int | None = None) -> C
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(_free_port()),
         WORLD_SIZE=str(world),
-        RLCTL_DOCTOR_BACKEND=p.dist_backend,
-        RLCTL_DOCTOR_DEVICE=p.device_type,
+        RLCTL_DOCTOR_DEVICE=p.runtime_spec().to_json(),
         OMP_NUM_THREADS="1",
     )
     with tempfile.TemporaryDirectory(prefix="rlctl-doctor-") as tmp:
@@ -162,7 +157,7 @@ _RAY_LISTEN = (
 )
 
 
-def check_ray_listen(timeout: float) -> CheckResult:
+def check_ray_listen(timeout: float) -> Check:
     """Start a local Ray cluster in a child as ``rlctl train`` would; where its servers listen."""
     from rlctl.dispatch.ray_network import off_loopback
 

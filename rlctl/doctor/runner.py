@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlctl.doctor import checks_host, checks_lora, checks_packages, checks_sandbox, deep
-from rlctl.doctor.check import CheckResult, Verdict, failed, passed, skipped, warned
 from rlctl.platforms import Platform
 from rlctl.trainer.plan.run_plan import RunPlan
+from rlctl.verdict import PASS, Check, Verdict, failed, skipped
 
 DEEP_TIMEOUT_S = 120.0
 
@@ -18,7 +18,7 @@ class Report:
     """The platform, its resolution and every check result; ``exit_code`` is 1 if any FAILed."""
 
     platform: Platform
-    checks: list[CheckResult] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
     plan: RunPlan | None = None  # with --profile: the run's plan, exactly as `rlctl train` builds it
     plan_error: str | None = None  # with --profile: why no plan resolved on this host
 
@@ -48,21 +48,13 @@ class Report:
         }
 
 
-def plan_rows(plan: RunPlan | None, error: str | None) -> list[CheckResult]:
+def plan_rows(plan: RunPlan | None, error: str | None) -> list[Check]:
     """The run plan's checks as doctor rows (category ``plan``); a plan that did not resolve
     on this host is one FAIL row with its reason."""
     if error is not None:
         return [failed("plan", error, "fix the profile or run on the hardware it names", "plan")]
-    rows: list[CheckResult] = []
-    for c in plan.checks if plan is not None else []:
-        name = f"plan:{c.name}"
-        if c.verdict == "PASS":
-            rows.append(passed(name, c.detail, "plan"))
-        elif c.verdict == "WARN":
-            rows.append(warned(name, c.detail, c.fix, "plan"))
-        else:
-            rows.append(failed(name, c.detail, c.fix, "plan"))
-    return rows
+    checks = plan.checks if plan is not None else []
+    return [replace(c, name=f"plan:{c.name}", category="plan", fix="" if c.verdict is PASS else c.fix) for c in checks]
 
 
 def run_doctor(
@@ -75,7 +67,7 @@ def run_doctor(
     """All checks, in report order; ``deep_checks`` adds imports, device count and a collective.
     With a profile's ``plan`` (``rlctl doctor --profile``) its checks come last."""
     p = platform
-    rows: list[CheckResult] = [
+    rows: list[Check] = [
         checks_host.check_platform(p),
         *checks_host.check_plugins(p),
         *checks_host.check_near_misses(p),

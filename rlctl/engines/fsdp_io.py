@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rlctl.devices import runtime_of
 from rlctl.engines.disk_space import save_failure, state_bytes
 from rlctl.engines.lora import has_adapter
 from rlctl.engines.safe_checkpoint import SafeLoadPlanner, check_dcp_metadata, safe_torch_load
@@ -251,9 +252,7 @@ def move_engine(engine: TrainEngineState, device: torch.device) -> None:
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and key != "step":
                 state[key] = value.to(device, non_blocking=True)
-    if device.type == "cpu" and hasattr(torch, engine.device.type):
-        backend = getattr(torch, engine.device.type)
-        if hasattr(backend, "synchronize"):
-            backend.synchronize()
-        if hasattr(backend, "empty_cache"):
-            backend.empty_cache()
+    if device.type == "cpu":
+        runtime = runtime_of(engine.device)
+        runtime.synchronize()
+        runtime.empty_cache()

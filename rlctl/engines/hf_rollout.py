@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rlctl.devices import runtime_of
 from rlctl.engines import hf_tp
 from rlctl.engines.fingerprint import fingerprint_sharded, fingerprint_views
 from rlctl.engines.hf_model import cache_kwarg, load_causal_lm, output_cache, supports_logits_to_keep
@@ -41,7 +42,7 @@ last drop: dropping copies the KV cache, so it waits until the rows saved pay fo
 
 def _accel(device: torch.device):
     """The ``torch.<device>`` module (cuda, npu, xpu, ...) or None on CPU."""
-    return None if device.type == "cpu" else getattr(torch, device.type, None)
+    return runtime_of(device).module
 
 
 @register_engine("rollout", model_type="*", backend="hf", device="*")

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 import torch
 
 from rlctl.engines.logprob import position_ids_from_mask
-from rlctl.errors import UserError
 
 
 def stop_token_ids(eos_token_id: int | Sequence[int] | None) -> list[int]:
@@ -95,11 +94,3 @@ def bucketed(stream, bucket_bytes: int):
     if bucket:
         yield bucket
 
-
-def refuse_tensor_parallel(tensor_parallel_size: int, engine: str) -> None:
-    """Rollout TP > 1 needs every trainer rank to build the engine together; not wired yet."""
-    if tensor_parallel_size != 1:
-        raise UserError(
-            f"rollout.tensor_parallel={tensor_parallel_size}: tensor-parallel {engine} rollout is not "
-            "supported yet; set rollout.tensor_parallel = 1 (one engine copy per GPU)"
-        )

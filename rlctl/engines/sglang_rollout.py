@@ -50,7 +50,6 @@ from rlctl.engines.registry import register_engine
 from rlctl.engines.rollout_batch import (
     assemble_rollout,
     bucketed,
-    refuse_tensor_parallel,
     row_seeds,
     stop_token_ids,
     unpadded_prompts,
@@ -61,6 +60,7 @@ from rlctl.engines.sglang_lora import (
     installed_adapter_gap,
     server_lora_args,
 )
+from rlctl.engines.sglang_tp import SGLangTensorParallel, from_leader
 from rlctl.errors import RunError, UserError
 
 FREED_WITHOUT_BACKUP = ("kv_cache", "cuda_graph")  # regions that hold no state worth keeping
@@ -104,7 +104,7 @@ def _checked(result, what: str) -> None:
 
 @register_engine("rollout", model_type="*", backend="sglang", device="cuda", vendor="rocm")
 @register_engine("rollout", model_type="*", backend="sglang", device="cuda", vendor="nvidia")
-class SGLangRolloutEngine:
+class SGLangRolloutEngine(SGLangTensorParallel):
     """Same surface as :class:`~rlctl.engines.hf_rollout.HFRolloutEngine`, backed by ``sglang.Engine``."""
 
     adapter_sync = AdapterSyncFlag()
@@ -122,11 +122,14 @@ class SGLangRolloutEngine:
         seed: int = 0,
         bucket_bytes: int = 256 << 20,
         lora: LoraSpec | None = None,
+        rank_order: str = "contiguous",
         **engine_kwargs,
     ):
         """``engine_kwargs``: the run's engine keywords (platform settings + ``rollout.engine_kwargs``),
-        each a field of the installed ``ServerArgs``."""
-        refuse_tensor_parallel(tensor_parallel_size, "SGLang")
+        each a field of the installed ``ServerArgs``. ``tensor_parallel_size`` > 1: one engine per
+        replica, on its first rank (:mod:`.sglang_tp`)."""
+        if tensor_parallel_size > 1 and lora is not None:
+            raise UserError("rollout.tensor_parallel > 1 with actor.lora: the adapter sync sends whole tensors")
         sglang = _import_sglang()
         self.version = installed_version("sglang")
         self.bucket_bytes = bucket_bytes
@@ -138,7 +141,7 @@ class SGLangRolloutEngine:
         wanted: dict[str, object] = dict(
             model_path=str(model_path),
             dtype=dtype,
-            tp_size=1,
+            tp_size=tensor_parallel_size,
             mem_fraction_static=gpu_memory_utilization,
             enable_memory_saver=True,
             enable_weights_cpu_backup=True,
@@ -153,15 +156,17 @@ class SGLangRolloutEngine:
             wanted.update(server_lora_args(lora))
         kwargs = only_known(wanted, fields)
         kwargs.update(engine_kwargs)
-        self.engine = sglang.Engine(**kwargs)
+        kwargs.update(self._tp_setup(tensor_parallel_size, rank_order, fields))
+        if self.leader_rank is None or self.leader_rank == _rank():
+            self.engine = sglang.Engine(**kwargs)
         self.lora = lora
         self.adapter = None if lora is None else AdapterPublisher(self.engine, lora, str(model_path))
         self._release_weights = bool(kwargs.get("enable_weights_cpu_backup"))
         sampling = importlib.import_module("sglang.srt.sampling.sampling_params").SamplingParams
         self._sampling_fields = init_fields(sampling)
-        self._tags = accepts(self.engine.release_memory_occupation, "tags")
+        self._tags = accepts(sglang.Engine.release_memory_occupation, "tags")
         self._regions = memory_regions()
-        self._session = hasattr(self.engine, "begin_weight_update")
+        self._session = hasattr(sglang.Engine, "begin_weight_update") and self.engine is not None
         self.asleep_tags: set[str] = set()
 
     def log_prob_gap(
@@ -177,6 +182,7 @@ class SGLangRolloutEngine:
             )
         return None
 
+    @from_leader
     def generate(
         self,
         prompt_ids: torch.Tensor,
@@ -230,6 +236,7 @@ class SGLangRolloutEngine:
             pad_token_id=pad_token_id,
         )
 
+    @from_leader
     def prompt_log_probs(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Log-prob of each token after the first given the ones before it, scored by SGLang itself
         (the weight-sync canary's rollout side).
@@ -284,7 +291,9 @@ class SGLangRolloutEngine:
         if self._session:
             _checked(self.engine.begin_weight_update(), "begin_weight_update")
         try:
-            for bucket in bucketed(stream, self.bucket_bytes):  # one bucket of lookahead: flush on the last
+            if self.tp > 1:  # the replica's full tensors, one per TP scheduler (:mod:`.sglang_tp`)
+                count += self.feed_replica(stream, lambda bucket, last: self._load(bucket, flush_cache=last))
+            for bucket in bucketed(stream if self.tp == 1 else (), self.bucket_bytes):  # lookahead: flush on the last
                 if pending is not None:
                     self._load(pending, flush_cache=False)
                 pending, count = bucket, count + len(bucket)
@@ -316,7 +325,8 @@ class SGLangRolloutEngine:
         _checked(result, "update_weights_from_tensor")
 
     def _resume(self, tags: list[str]) -> None:
-        self.engine.resume_memory_occupation(tags=tags)
+        if self.engine is not None:  # at TP > 1 the replica's first rank holds the engine
+            self.engine.resume_memory_occupation(tags=tags)
         self.asleep_tags -= set(tags)
 
     def sleep(self) -> None:
@@ -329,7 +339,8 @@ class SGLangRolloutEngine:
         ]
         if not self._tags:
             raise RunError(f"sglang {self.version} cannot release memory by tag; install sglang>=0.5.3")
-        self.engine.release_memory_occupation(tags=tags)
+        if self.engine is not None:
+            self.engine.release_memory_occupation(tags=tags)
         self.asleep_tags = set(tags)
 
     def wake(self) -> None:
@@ -337,3 +348,9 @@ class SGLangRolloutEngine:
         if self.asleep_tags:
             self._resume(sorted(self.asleep_tags))
         self.asleep_tags = set()
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

@@ -47,13 +47,11 @@ import torch
 from rlctl.engines.adapter_dir import split_adapter_stream
 from rlctl.engines.engine_fields import check_engine_kwargs
 from rlctl.engines.external_version import accepts, init_fields, installed_version, only_known, release
-from rlctl.engines.fingerprint import fingerprint_views
-from rlctl.engines.lora import LoraSpec, base_name, is_adapter
+from rlctl.engines.lora import LoraSpec, is_adapter
 from rlctl.engines.registry import register_engine
 from rlctl.engines.rollout_batch import (
     assemble_rollout,
     bucketed,
-    refuse_tensor_parallel,
     row_seeds,
     stop_token_ids,
     unpadded_prompts,
@@ -65,74 +63,14 @@ from rlctl.engines.vllm_lora import (
     installed_adapter_gap,
     max_lora_rank,
 )
-from rlctl.engines.weight_layouts import fingerprint_unavailable
+from rlctl.engines.vllm_tp import VLLMTensorParallel, launcher_kwargs
+from rlctl.engines.vllm_worker import RlctlWorkerExtension, vllm_view  # noqa: F401 (EXTENSION's path)
 from rlctl.errors import RunError, UserError
 from rlctl.log import get_logger
 
 EXTENSION = "rlctl.engines.vllm_rollout.RlctlWorkerExtension"
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 PROCESSED_AFTER_TEMPERATURE = (0, 10, 2)  # vllm/v1/sample/sampler.py: processed = after temperature
-
-
-class RlctlWorkerExtension:
-    """Mixed into each vLLM worker (``worker_extension_cls``); reached via ``collective_rpc``."""
-
-    def rlctl_model(self):
-        """``model_runner.get_model()``: unwraps vLLM 0.13's ``CUDAGraphWrapper``, whose name hid the
-        layout from the fingerprint (``v1/worker/gpu_model_runner.py``; 0.33 V2 ``gpu/model_runner.py``)."""
-        return getattr(self.model_runner, "get_model", lambda: self.model_runner.model)()
-
-    def rlctl_load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
-        """Load HF-named tensors into the worker's model in place; returns how many were given."""
-        self.rlctl_model().load_weights(weights=weights)
-        return len(weights)
-
-    def rlctl_weight_fingerprint(
-        self, spec: list[tuple[str, tuple[int, ...]]], salt: int = 0
-    ) -> dict[str, tuple[float, float, str] | None]:
-        """Fingerprints at ``salt``'s positions of HF-named tensors read from the worker's model
-        (:func:`vllm_view`); all None for a model class whose layout is unknown (``weight_layouts``)."""
-        model = self.rlctl_model()
-        if fingerprint_unavailable(type(model).__name__) is not None:
-            return {name: None for name, _ in spec}
-        params = dict(model.named_parameters(remove_duplicate=False))
-        # a LoRA actor's names (``base_layer``, ``modules_to_save``) read the base's tensor; the
-        # fingerprint itself is keyed by the name given, as the trainer's side is
-        return fingerprint_views(spec, lambda n, shape: vllm_view(model, params, base_name(n), shape), salt)
-
-
-def vllm_view(model, params: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]):
-    """The part of a vLLM parameter that holds HF tensor ``name`` (rollout TP 1), or None.
-
-    vLLM merges q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``, named in the model
-    class's ``packed_modules_mapping`` (``vllm/model_executor/models/qwen2.py``, ``llama.py``, 0.10.2
-    and 0.33.0), stacked along the output dim (dim 0) in the sizes of the merged layer's
-    ``output_sizes`` (``vllm/model_executor/layers/linear.py``: ``MergedColumnParallelLinear``,
-    ``QKVParallelLinear``), and pads the vocab rows of ``VocabParallelEmbedding`` / ``ParallelLMHead``
-    to a multiple of 64 (``vocab_parallel_embedding.py``). Layouts beyond these (renamed prefixes,
-    quantised or repacked weights) give None: the check then reports "not available", never "ok".
-    """
-    param = params.get(name)
-    if param is None:
-        module_path, _, leaf = name.rpartition(".")
-        prefix, _, sub = module_path.rpartition(".")
-        for fused, parts in (getattr(model, "packed_modules_mapping", None) or {}).items():
-            if sub not in parts:
-                continue
-            fused_path = f"{prefix}.{fused}" if prefix else fused
-            merged = params.get(f"{fused_path}.{leaf}")
-            try:
-                sizes = list(model.get_submodule(fused_path).output_sizes)
-            except (AttributeError, TypeError):
-                return None
-            if merged is None or len(sizes) != len(parts) or sum(sizes) != merged.shape[0]:
-                return None
-            i = parts.index(sub)
-            return merged.narrow(0, sum(sizes[:i]), sizes[i])
-        return None
-    if param.dim() == len(shape) and param.shape[1:] == shape[1:] and param.shape[0] > shape[0]:
-        return param.narrow(0, 0, shape[0])  # padded vocab rows
-    return param
 
 
 def in_process() -> None:
@@ -165,7 +103,7 @@ def _import_vllm(device: str = "cuda"):
 @register_engine("rollout", model_type="*", backend="vllm", device="npu", vendor="ascend")
 @register_engine("rollout", model_type="*", backend="vllm", device="cuda", vendor="rocm")
 @register_engine("rollout", model_type="*", backend="vllm", device="cuda", vendor="nvidia")
-class VLLMRolloutEngine:
+class VLLMRolloutEngine(VLLMTensorParallel):
     """Same surface as :class:`~rlctl.engines.hf_rollout.HFRolloutEngine`, backed by ``vllm.LLM``."""
 
     adapter_sync = AdapterSyncFlag()
@@ -183,11 +121,14 @@ class VLLMRolloutEngine:
         seed: int = 0,
         bucket_bytes: int = 256 << 20,
         lora: LoraSpec | None = None,
+        rank_order: str = "contiguous",
         **llm_kwargs,
     ):
         """``llm_kwargs``: the run's engine keywords (platform settings + ``rollout.engine_kwargs``),
-        each a field of the installed ``EngineArgs``. ``lora``: vLLM's LoRA on, adapter-only syncs."""
-        refuse_tensor_parallel(tensor_parallel_size, "vLLM")
+        each a field of the installed ``EngineArgs``. ``lora``: vLLM's LoRA on, adapter-only syncs.
+        ``tensor_parallel_size`` > 1: this rank is one TP worker of its replica (:mod:`.vllm_tp`)."""
+        if tensor_parallel_size > 1 and lora is not None:
+            raise UserError("rollout.tensor_parallel > 1 with actor.lora: the adapter sync sends whole tensors")
         vllm = _import_vllm(device)
         self._vllm = vllm
         self.version = installed_version("vllm")
@@ -199,7 +140,7 @@ class VLLMRolloutEngine:
         )
         wanted: dict[str, object] = dict(
             dtype=dtype,
-            tensor_parallel_size=1,
+            tensor_parallel_size=tensor_parallel_size,
             gpu_memory_utilization=gpu_memory_utilization,
             enable_sleep_mode=True,
             worker_extension_cls=EXTENSION,
@@ -220,6 +161,8 @@ class VLLMRolloutEngine:
             if required not in kwargs:
                 raise UserError(f"vllm {self.version} has no EngineArgs.{required}; install vllm>=0.10.2")
         kwargs.update(llm_kwargs)
+        self.tp = tensor_parallel_size
+        kwargs.update(launcher_kwargs(self.tp, rank_order, fields, str(self.version)))
         self.logprobs_mode = str(kwargs.get("logprobs_mode", "raw_logprobs"))
         self.llm = vllm.LLM(model=str(model_path), **kwargs)
         self.lora = lora
@@ -227,6 +170,8 @@ class VLLMRolloutEngine:
         self._sampling_fields = init_fields(vllm.SamplingParams)
         self._wake_tags = accepts(self.llm.wake_up, "tags")
         self.asleep_tags: set[str] = set()
+        if self.tp > 1:
+            self._tp_setup()
 
     # -- log-prob convention ---------------------------------------------------------------------
     def log_prob_gap(
@@ -357,6 +302,8 @@ class VLLMRolloutEngine:
         become a new ``LoRARequest``, its ``modules_to_save`` copies load into the base in place."""
         if "weights" in self.asleep_tags:
             self._wake(["weights"])
+        if self.tp > 1:  # planned shards, already in the worker's parameters (:mod:`.vllm_tp`)
+            return self.update_shards(stream)
         count = 0
         if self.adapter is not None:
             lora_tensors, stream = split_adapter_stream(stream)
@@ -378,6 +325,8 @@ class VLLMRolloutEngine:
         ``model_runner.model.named_parameters()`` (:meth:`RlctlWorkerExtension.rlctl_weight_fingerprint`).
         Built with ``lora``: trainer names map to the base's, the adapter tensors (held in vLLM's
         private LoRA manager) and the replaced originals of ``modules_to_save`` are None."""
+        if self.tp > 1:  # each rank its shards, summed over the TP group (a collective)
+            return self.tp_fingerprint(spec, salt)
         asked = [
             (name, tuple(shape))
             for name, shape in spec

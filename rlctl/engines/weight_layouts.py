@@ -1,6 +1,6 @@
 """Which vLLM model classes hold the trainer's HF tensors in a layout the fingerprint can read.
 
-The weight-sync check (:func:`rlctl.engines.vllm_rollout.vllm_view`) reads an HF tensor out of a
+The weight-sync check (:func:`rlctl.engines.vllm_worker.vllm_view`) reads an HF tensor out of a
 vLLM parameter of the same name, a slice of a ``packed_modules_mapping`` stack, or the first rows
 of a padded vocabulary. That is right only for model classes whose ``load_weights`` stores HF
 tensors that way, so the view is looked up by the vLLM model class (its architecture). A class

@@ -6,14 +6,15 @@ metadata and vendor SMI answers from child processes. Entry point: ``resolve_pla
 
 from rlctl.platforms.base import Candidate, EngineSettings, Platform, ProbeResult, Resolution
 from rlctl.platforms.host import Host
-from rlctl.platforms.pin_checks import PinVerdict, evaluate_pin, evaluate_pins
-from rlctl.platforms.pins import Facts, Pin, PinOutcome, load_pins
+from rlctl.platforms.pin_checks import evaluate_pin, evaluate_pins, pin_record
+from rlctl.platforms.pins import Facts, Pin, load_pins
 from rlctl.platforms.resolve import (
     BUILTINS,
     ENTRY_POINT_GROUP,
     known_platforms,
     resolve_platform,
 )
+from rlctl.platforms.runtime_spec import RuntimeSpec
 
 __all__ = [
     "BUILTINS",
@@ -23,14 +24,14 @@ __all__ = [
     "Facts",
     "Host",
     "Pin",
-    "PinOutcome",
-    "PinVerdict",
     "Platform",
     "ProbeResult",
     "Resolution",
+    "RuntimeSpec",
     "evaluate_pin",
     "evaluate_pins",
     "known_platforms",
     "load_pins",
+    "pin_record",
     "resolve_platform",
 ]

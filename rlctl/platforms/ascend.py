@@ -12,6 +12,7 @@ from typing import Any
 
 from rlctl.platforms.base import Candidate, EngineSettings, Platform, ProbeResult, choose
 from rlctl.platforms.kernels import SGLANG_NPU_SOURCE, VLLM_ASCEND_NZ_SOURCE, VLLM_ASCEND_SOURCE
+from rlctl.verdict import Check, failed, passed, warned
 
 DEFAULT_TOOLKIT = "/usr/local/Ascend/ascend-toolkit/latest"
 NZ_ENV = "VLLM_ASCEND_ENABLE_NZ"
@@ -34,6 +35,7 @@ class AscendPlatform(Platform):
     ray_resource = "NPU"
     device_type = "npu"
     torch_flavours = ("cpu",)  # torch_npu extends a CPU build of torch
+    torch_module = "torch_npu"  # registers torch.npu and the hccl backend
     # SGLang is not an Ascend engine in rlctl (see kernels.SGLANG_NPU_SOURCE): ``auto`` never picks
     # it here and an explicit ``rollout.engine = "sglang"`` is refused before any worker starts
     engine_order = ("vllm", "hf")
@@ -42,6 +44,34 @@ class AscendPlatform(Platform):
         "hf": ("transformers", "torch-npu"),
     }
     unsupported_engines = {"sglang": SGLANG_NPU_SOURCE}
+    torch_install = "install the CPU build of torch that your torch_npu was built for"
+    driver_fix = "install the Ascend driver and CANN (/dev/davinci* must exist), or choose another platform"
+    smi_tool = "npu-smi"
+
+    def torch_check(self, build: str) -> Check | None:
+        """torch_npu must be installed, and torch must be allowed to load it."""
+        npu = self.host.dists.get("torch-npu")
+        if npu is None:
+            return failed("torch", f"{build}, but torch_npu is not installed", "pip install " + self.torch_npu_requirement(), "torch")
+        if self.host.env.get("TORCH_DEVICE_BACKEND_AUTOLOAD") == "0":
+            return warned(
+                "torch",
+                f"{build} + torch_npu {npu.version}, but TORCH_DEVICE_BACKEND_AUTOLOAD=0 stops torch_npu loading",
+                "unset TORCH_DEVICE_BACKEND_AUTOLOAD (or import torch_npu explicitly)",
+                "torch",
+            )
+        return passed("torch", f"{build} + torch_npu {npu.version}", "torch")
+
+    def process_line(self, proc: dict[str, Any]) -> str:
+        """npu-smi's process table row: NPU, chip, pid, memory."""
+        chip = f" chip {proc['chip']}" if "chip" in proc else ""
+        mem = f" ({proc['memory_mb']} MB)" if "memory_mb" in proc else ""
+        return f"NPU {proc['npu']}{chip} pid {proc['pid']}{mem}"
+
+    def driver_check(self, details: dict[str, Any]) -> Check | None:
+        if details.get("cann_version"):
+            return None
+        return warned("driver", "CANN toolkit not found", "source set_env.sh of the CANN toolkit", "driver", **details)
 
     def toolkit_home(self) -> str:
         env = self.host.env

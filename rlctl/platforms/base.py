@@ -14,7 +14,9 @@ from typing import Any, ClassVar
 
 from rlctl.platforms.bounded import call_bounded, probe_timeout
 from rlctl.platforms.host import Host
-from rlctl.platforms.pins import Facts, Pin, load_pins
+from rlctl.platforms.pins import Facts, Pin, load_pin_file, load_pins
+from rlctl.platforms.runtime_spec import RuntimeSpec
+from rlctl.verdict import Check
 
 # rollout engine -> distributions it needs installed
 ENGINE_DISTS: dict[str, tuple[str, ...]] = {
@@ -109,10 +111,17 @@ class Platform:
     ray_resource: ClassVar[str] = "CPU"
     device_type: ClassVar[str] = "cpu"
     torch_flavours: ClassVar[tuple[str, ...]] = ("cpu",)  # torch builds that work here
+    torch_module: ClassVar[str | None] = None  # imported before torch knows the device (torch_npu)
     engine_order: ClassVar[tuple[str, ...]] = ("hf",)
     engine_dists: ClassVar[dict[str, tuple[str, ...]]] = ENGINE_DISTS
     # engines that exist but do not run on this platform in rlctl -> why (cited)
     unsupported_engines: ClassVar[dict[str, str]] = {}
+    # a vendor's own pin data: a pins TOML file beside its module (built-ins keep theirs in pins.toml)
+    pin_data: ClassVar[str | None] = None
+    # what doctor tells the user, in the vendor's words (None: doctor's generic advice)
+    torch_install: ClassVar[str | None] = None  # how to install the torch build this platform needs
+    driver_fix: ClassVar[str | None] = None  # how to get the devices seen (driver, device files)
+    smi_tool: ClassVar[str | None] = None  # the management tool whose answers the probe reads
 
     def __init__(self, host: Host | None = None) -> None:
         self.host = host if host is not None else Host()
@@ -149,6 +158,13 @@ class Platform:
     def ray_noset_env(self) -> str | None:
         """Ray's RAY_EXPERIMENTAL_NOSET_* variable that stops Ray setting the one above."""
         return None
+
+    def runtime_spec(self) -> RuntimeSpec:
+        """The devices as the runtime half (:mod:`rlctl.devices`) needs them: plain, picklable data
+        a worker process receives instead of this platform."""
+        return RuntimeSpec(
+            self.device_type, self.dist_backend, self.ray_resource, self.visible_devices_env, self.torch_module
+        )
 
     def vendor_env(self) -> dict[str, str]:
         """Variables rlctl sets for the worker processes on this platform when the user has not."""
@@ -281,8 +297,9 @@ class Platform:
     # ------------------------------------------------------------ pins
     @property
     def pins(self) -> list[Pin]:
-        """The shipped pins that apply to this platform."""
-        return [p for p in load_pins() if p.applies_to(self.name)]
+        """The pins that apply to this platform: the shipped ones, then its own :attr:`pin_data`."""
+        own = load_pin_file(self.pin_data) if self.pin_data else ()
+        return [p for p in (*load_pins(), *own) if p.applies_to(self.name)]
 
     def facts(self, imports: dict[str, str] | None = None) -> Facts:
         """What pins are evaluated against: installed dists, torch build, env, probe details."""
@@ -295,6 +312,22 @@ class Platform:
             imports=imports,
             python=self.host.python,
         )
+
+    # ------------------------------------------------------------ doctor's vendor checks
+    def torch_check(self, build: str) -> Check | None:
+        """The vendor's own word on the torch install once its build flavour fits (``build``:
+        doctor's one-line description of it); None: nothing more to check."""
+        return None
+
+    def driver_check(self, details: dict[str, Any]) -> Check | None:
+        """A WARN/FAIL about the driver stack the probe read (``details``); None: it is fine."""
+        return None
+
+    def process_line(self, proc: dict[str, Any]) -> str:
+        """One process the probe saw holding device memory (``details["processes"]``), as doctor's
+        devices-busy row names it."""
+        mem = f" ({proc['memory_mb']} MB)" if "memory_mb" in proc else ""
+        return f"device {proc.get('device', '?')} pid {proc.get('pid', '?')}{mem}"
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able summary (doctor prints it)."""

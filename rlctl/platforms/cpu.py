@@ -20,6 +20,7 @@ class CpuPlatform(Platform):
     device_type = "cpu"
     torch_flavours = ("cpu", "cuda", "rocm")  # any torch runs on the CPU
     engine_order = ("hf",)
+    torch_install = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 
     def _probe(self) -> ProbeResult:
         cores = os.cpu_count() or 1

@@ -9,7 +9,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from rlctl.platforms.dists import parse_version
-from rlctl.platforms.pins import Facts, Pin, PinOutcome
+from rlctl.platforms.pins import Facts, Pin, outcome
+from rlctl.verdict import Check
 
 
 def _contains(spec: str, version: str | None) -> bool:
@@ -53,16 +54,16 @@ def _matrix_cell_ok(name: str, have: str | None, want: list[str]) -> tuple[bool,
     return any(_public(have) == _public(w) for w in want), ""
 
 
-def matrix_outcome(pin: Pin, f: Facts) -> PinOutcome:
+def matrix_outcome(pin: Pin, f: Facts) -> Check:
     """The installed package's row of a compatibility matrix; ``check`` names the columns."""
     d = f.dists.get(pin.params["package"])
     if d is None:
-        return PinOutcome("n/a", f"{pin.params['package']} is not installed")
+        return outcome("n/a", f"{pin.params['package']} is not installed")
     mine = _public(d.version)
     row = next((r for r in pin.params["rows"] if _public(str(r.get(d.name))) == mine), None)
     if row is None:
         known = ", ".join(str(r.get(d.name)) for r in pin.params["rows"][:3])
-        return PinOutcome(
+        return outcome(
             "unknown",
             f"{d.name} {d.version} is not in rlctl's copy of the matrix (newest rows: {known}); "
             f"{pin.params.get('matrix_source', '')}".rstrip("; "),
@@ -77,7 +78,7 @@ def matrix_outcome(pin: Pin, f: Facts) -> PinOutcome:
         elif note:
             notes.append(note)
     if bad:
-        return PinOutcome("violated", f"{d.name} {d.version}: {', '.join(bad)}: {pin.symptom}")
+        return outcome("violated", f"{d.name} {d.version}: {', '.join(bad)}: {pin.symptom}")
     cols = ", ".join(f"{n} {'/'.join(_as_list(row.get(n, [])))}" for n in pin.params["check"])
     extra = f"; note: {'; '.join(notes)}" if notes else ""
-    return PinOutcome("ok", f"{d.name} {d.version} row matches ({cols}){extra}")
+    return outcome("ok", f"{d.name} {d.version} row matches ({cols}){extra}")

@@ -1,7 +1,8 @@
-"""Version pins: the ``Pin`` / ``Facts`` / ``PinOutcome`` data and ``pins.toml`` parsed into it.
+"""Version pins: the ``Pin`` / ``Facts`` data, ``pins.toml`` parsed into it, and :func:`outcome`.
 
-Evaluation is :mod:`rlctl.platforms.pin_checks` (pure data -> ``ok`` / ``violated`` / ``n/a`` /
-``unknown`` with a reason), so doctor, the trainer's preflight and tests share one implementation.
+Evaluation is :mod:`rlctl.platforms.pin_checks` (pure data -> a ``Check`` whose status is ``ok`` /
+``violated`` / ``n/a`` / ``unknown`` with a reason), so doctor, the trainer's preflight and tests
+share one implementation and one verdict type (:class:`rlctl.verdict.Check`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from rlctl.errors import UserError
 from rlctl.platforms.dists import DistIndex, TorchBuild
+from rlctl.verdict import FAIL, PASS, SKIP, WARN, Check, Verdict
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -63,13 +65,15 @@ class Pin:
         return self.params.get("package")
 
 
-@dataclass(frozen=True)
-class PinOutcome:
-    """``status``: ok | violated | n/a (does not apply here) | unknown (cannot tell)."""
+# a pin's status -> its verdict before the pin's severity applies (pin_checks.judge)
+STATUS_VERDICT: dict[str, Verdict] = {"ok": PASS, "violated": FAIL, "n/a": SKIP, "unknown": WARN}
 
-    status: str
-    reason: str
-    fix: str = ""  # a fix for this host that replaces the pin's generic one ("" = the pin's)
+
+def outcome(status: str, reason: str, fix: str = "") -> Check:
+    """A pin evaluator's answer: ``status`` ok | violated | n/a (does not apply here) | unknown
+    (cannot tell), kept in ``details``; ``fix`` is a fix for this host that replaces the pin's
+    generic one ("" = the pin's). :func:`rlctl.platforms.pin_checks.evaluate_pin` names it."""
+    return Check("", STATUS_VERDICT[status], reason, fix, "pins", {"status": status})
 
 
 @dataclass
@@ -144,6 +148,18 @@ def parse_pins(text: str, origin: str = "pins.toml") -> list[Pin]:
             )
         )
     return pins
+
+
+@functools.lru_cache(maxsize=16)
+def load_pin_file(path: str) -> tuple[Pin, ...]:
+    """A vendor's own pins (``Platform.pin_data``): the same TOML as ``pins.toml``, in a file
+    beside the vendor's platform module. An unreadable file is a UserError naming it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise UserError(f"{path}: the platform's pin data cannot be read: {exc.strerror or exc}") from None
+    return tuple(parse_pins(text, path))
 
 
 @functools.lru_cache(maxsize=1)

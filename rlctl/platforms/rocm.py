@@ -17,6 +17,7 @@ from typing import Any
 from rlctl.platforms.base import Candidate, EngineSettings, Platform, ProbeResult, choose
 from rlctl.platforms.dists import parse_version
 from rlctl.platforms.kernels import SGLANG_HIP_SOURCE, VLLM_ROCM_MOE_SOURCE, VLLM_ROCM_SOURCE, vllm_rocm_pick
+from rlctl.verdict import Check, warned
 
 # Ray's shim that wraps amdsmi (Ray 2.60: "import amdsmi" at module level, ImportError caught)
 RAY_AMDSMI_SHIM = "ray/_private/thirdparty/pyamdsmi/pyamdsmi.py"
@@ -46,6 +47,9 @@ class RocmPlatform(Platform):
     device_type = "cuda"  # ROCm torch exposes HIP devices as torch.cuda
     torch_flavours = ("rocm",)
     engine_order = ("vllm", "sglang", "hf")
+    torch_install = "install a ROCm build of torch, e.g. pip install torch --index-url https://download.pytorch.org/whl/rocm6.3"
+    driver_fix = "load the amdgpu driver and install ROCm (/dev/kfd must exist), or choose another platform"
+    smi_tool = "pyrsmi (pip install 'rlctl[rocm]')"
 
     def rocm_path(self) -> str:
         return self.host.env.get("ROCM_PATH") or "/opt/rocm"
@@ -69,6 +73,11 @@ class RocmPlatform(Platform):
     def gfx_archs(self) -> list[str]:
         """Distinct GPU archs on this host, in topology order."""
         return list(dict.fromkeys(self.kfd_gpus()))
+
+    def driver_check(self, details: dict[str, Any]) -> Check | None:
+        if details.get("rocm_version"):
+            return None
+        return warned("driver", "ROCm version not found (/opt/rocm/.info/version)", "install ROCm", "driver", **details)
 
     def _probe(self) -> ProbeResult:
         h = self.host

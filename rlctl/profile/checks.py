@@ -41,6 +41,8 @@ def check_profile(profile: Profile, origins: dict[str, Path]) -> None:
         check_lora(profile.actor.lora, profile.model.path, fail)
     if profile.agent.env and profile.agent.openai_agent:
         fail("agent.openai_agent", "set together with agent.env: an episode is played by one of them; unset one")
+    if profile.agent.reward != "agent" and not profile.agent.openai_agent:
+        fail("agent.reward", f"{profile.agent.reward!r} reads an agent.openai_agent's return value; none is set")
     reward = profile.reward
     if reward.kind == "custom" and ":" not in reward.function:
         fail("reward.function", f"expected 'path/to/file.py:function_name', got {reward.function!r}")
@@ -79,16 +81,16 @@ def check_profile(profile: Profile, origins: dict[str, Path]) -> None:
 
 
 def _check_rollout_tp(profile: Profile, fail: Callable[[str, str], None]) -> None:
-    """Where rollout tensor parallelism runs: the HF engine colocated with the trainer (sync mode),
-    a plain single-turn policy. Each other case is refused naming what stands in the way."""
+    """Where rollout tensor parallelism runs: the HF, vLLM or SGLang engine colocated with the
+    trainer (sync mode; SGLang's replica inside one node), a plain single-turn policy. Each other case is refused naming what stands in the way."""
     tp = profile.rollout.tensor_parallel
     if tp == 1:
         return
     blockers = {
         "rollout.engine": (
-            profile.rollout.engine in ("vllm", "sglang"),
-            f"{profile.rollout.engine!r} rollout runs at tensor-parallel 1 only so far (one engine copy "
-            "per rank); the HF engine ('hf') runs tensor-parallel",
+            profile.rollout.engine == "sglang" and profile.cluster.devices_per_node % tp != 0,
+            f"one SGLang engine drives its replica's {tp} devices, which must sit in one node "
+            f"(cluster.devices_per_node = {profile.cluster.devices_per_node})",
         ),
         "trainer.mode": (
             profile.trainer.mode != "sync",
@@ -124,7 +126,8 @@ def _check_shapes(profile: Profile, fail: Callable[[str, str], None]) -> None:
     masked rows (``rlctl.trainer.step.minibatch``). What must divide is fixed by the model and the
     world: the rollout's tensor-parallel degree against the world size and the attention heads
     (the HF engine's rule, ``rlctl.reshard.layout.check_hf_tp``: query and KV heads both divisible by
-    tp, each rank holding whole heads).
+    tp, each rank holding whole heads; vLLM's, ``rlctl.engines.tp_shards.why_not``: KV heads split
+    or each replicated over ``tp // kv`` ranks).
     """
     c, tp = profile.cluster, profile.rollout.tensor_parallel
     world = c.nodes * c.devices_per_node
@@ -145,7 +148,14 @@ def _check_shapes(profile: Profile, fail: Callable[[str, str], None]) -> None:
     q, kv = heads
     if q % tp:
         fail("rollout.tensor_parallel", f"{tp} does not divide the model's num_attention_heads ({q})")
-    if kv % tp:
+    if profile.rollout.engine in ("vllm", "sglang"):  # both replicate a KV head over tp // kv ranks
+        if (tp >= kv and tp % kv) or (tp < kv and kv % tp):
+            fail(
+                "rollout.tensor_parallel",
+                f"{tp} and the model's num_key_value_heads ({kv}): one must divide the other "
+                f"({profile.rollout.engine} splits KV heads or replicates each over whole ranks)",
+            )
+    elif kv % tp:
         fail(
             "rollout.tensor_parallel",
             f"{tp} does not divide the model's num_key_value_heads ({kv}): the HF engine shards whole "

@@ -170,7 +170,7 @@ class RolloutSection:
     tensor_parallel: int = field(
         1,
         "Rollout tensor-parallel degree: each rollout replica splits the model over this many "
-        "ranks (HF engine, sync mode; vLLM and SGLang run 1 so far).",
+        "ranks (sync mode; HF and vLLM engines, SGLang with each replica inside one node).",
         ge=1,
     )
     gpu_memory_utilization: float = field(

@@ -25,6 +25,15 @@ class AgentSection:
         "with an openai.AsyncOpenAI client on this rollout's loopback endpoint and returns the reward "
         "(None: the profile's reward scores the model's tokens). Instead of env; needs the openai package.",
     )
+    reward: str = field(
+        "agent",
+        "openai_agent: how its return value rewards the episode. 'agent': a number or bool is the "
+        "reward, a string is the final answer that [reward] scores against the row's ground truth, "
+        "None leaves [reward] to score the model's tokens. 'sum': [reward] scores every episode (the "
+        "returned answer, else the model's tokens) and the agent's number is added; the agent may "
+        "return an (answer, number) pair.",
+        choices=("agent", "sum"),
+    )
     gather_s: float = field(
         0.0,
         "openai_agent: a batch goes to the engine when every running episode has a request waiting "

@@ -125,7 +125,7 @@ def run_sft(profile: Profile, run_dir: Path) -> dict[str, Any]:
                 if profile.agent.episodic:  # multi-turn: greedy episodes scored by the environment
                     from rlctl.agents.evaluate import episode_accuracy
 
-                    acc = episode_accuracy(rollout, tokenizer, val, profile, model_path)
+                    acc = episode_accuracy(rollout, tokenizer, val, profile, model_path, scorer=scorer)
                 else:
                     acc = greedy_accuracy(
                         rollout, tokenizer, val, scorer, profile.rollout.max_new_tokens, stops

@@ -74,9 +74,45 @@ def test_the_example_agent_trains_through_the_cli(tmp_path):
     assert any("val/agent_success" in x for x in lines)
 
 
+ANSWERING_AGENT = """
+async def run(client, row):
+    messages = [dict(m) for m in row["prompt"]]
+    text = ""
+    for _ in range(3):
+        reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+        text = reply.choices[0].message.content or ""
+        if not text.strip().isdigit() or int(text) == int(row["ground_truth"]):
+            break
+        messages.append({"role": "assistant", "content": text})
+        messages.append({"role": "user", "content": "higher" if int(text) < int(row["ground_truth"]) else "lower"})
+    return text, 0.5
+"""
+
+
+def test_an_agent_returning_its_answer_trains_with_the_profile_reward(tmp_path):
+    """The agent returns (final answer, 0.5) under agent.reward = 'sum': [reward] (exact) scores the
+    answer against the secret and the 0.5 is added; success is the exact match alone."""
+    pytest.importorskip("openai", reason="the endpoint's client is the openai package")
+    (tmp_path / "answering.py").write_text(ANSWERING_AGENT)
+    profile = _profile(tmp_path, 'openai_agent = "answering.py"\nreward = "sum"')
+    profile.write_text(profile.read_text() + '[reward]\nkind = "exact"\n')
+    code, out, err = run_cli("train", str(profile))
+    assert code == 0, out + err
+    lines = [json.loads(x) for x in (tmp_path / "runs/openai-agent/metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "agent/turns_mean" in x]
+    assert len(steps) == 2 and all(m["agent/errors"] == 0 and m["actor/grad_norm"] > 0 for m in steps)
+    for m in steps:  # every score is the exact match (0 or 1) plus the agent's 0.5
+        assert m["reward/score_mean"] == pytest.approx(m["reward/accuracy"] + 0.5), m
+        assert m["agent/success"] == pytest.approx(m["reward/accuracy"])
+    val = [x for x in lines if "val/agent_success" in x]
+    assert val and val[-1]["val/score_mean"] == pytest.approx(val[-1]["val/accuracy"] + 0.5)
+
+
 @pytest.mark.parametrize(
     ("agent", "message"),
     [
+        ('env = "builtin:guess"\nreward = "sum"', "agent.reward: 'sum' reads an agent.openai_agent's"),
+        ('openai_agent = "a.py"\nreward = "both"', "agent.reward"),
         ('env = "builtin:guess"\nopenai_agent = "a.py"', "set together with agent.env"),
         ('openai_agent = "missing.py:run"', "agent.openai_agent: file not found"),
         ('openai_agent = "sync_agent.py"', "must be 'async def run(client, row)'"),

@@ -3,6 +3,7 @@ episodes the rollout builds when the policy samples the trace's guesses."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rlctl.agents import parse_turn, run_episodes
@@ -71,3 +72,14 @@ def test_warmup_traces_replay_token_for_token():
         assert batch["agent_success"][i].item() == float(won)
     assert 0.2 < batch["agent_success"].mean().item() < 0.8
     assert batch["agent_turns"].tolist() == [float(len(g)) for g in guesses]
+
+
+def test_question_style_asks_the_same_problems_in_words():
+    game = GuessTask().rows("validation", 12, seed=0)
+    question = GuessTask(style="question").rows("validation", 12, seed=0)
+    assert [r["reward_model"] for r in game] == [r["reward_model"] for r in question]
+    hi = question[0]["extra_info"]["hi"]
+    assert question[0]["prompt"][-1]["content"] == f"Pick a number between 0 and {hi}. Reply with just the digit."
+    assert game[0]["prompt"][-1]["content"] == f"guess 0-{hi}"
+    with pytest.raises(ValueError, match="style must be one of game, question"):
+        GuessTask(style="prose")

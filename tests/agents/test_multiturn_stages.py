@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rlctl.agents.driver import EpisodeRollout, on_last_model_token
+from rlctl.agents.driver import on_last_model_token, score_episodes
 from rlctl.dispatch import DataProto
 from rlctl.trainer.step.stages import token_level_scores, trim_response_padding
 
@@ -51,6 +51,6 @@ def test_environment_rewards_and_deferred_rows_are_scored():
             "agent_success": torch.tensor([0.0, 0.0]),
         }
     )
-    out, counts = EpisodeRollout.score(None, batch, Scorer())
+    out, counts = score_episodes(batch, Scorer())
     assert out.batch["scores"].tolist() == [0.5, 9.0] and out.batch["acc"].tolist() == [0.0, 1.0]
     assert out.batch["token_level_scores"][1, 4].item() == 9.0 and counts == {"reward/errors": 0.0}

@@ -7,11 +7,11 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlctl.doctor.check import Verdict
 from rlctl.doctor.env_vars import REDACTED, is_secret, relevant_env
 from rlctl.doctor.runner import render, run_doctor
 from rlctl.platforms import resolve_platform
 from rlctl.platforms.nvidia import NvidiaPlatform
+from rlctl.verdict import Verdict
 from tests.platforms.fakes import FakePynvml, ascend_host, cpu_host, make_dist, nvidia_host, rocm_host
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from rlctl.doctor.check import Verdict
 from rlctl.doctor.checks_packages import check_pins
 from rlctl.doctor.deep import check_collective, check_imports, try_imports
 from rlctl.platforms.cpu import CpuPlatform
 from rlctl.platforms.nvidia import NvidiaPlatform
+from rlctl.verdict import Verdict
 from tests.platforms.fakes import make_dist, nvidia_host
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from rlctl.doctor.check import Verdict
 from rlctl.doctor.checks_lora import check_lora_sync
 from rlctl.platforms.cpu import CpuPlatform
 from rlctl.platforms.nvidia import NvidiaPlatform
+from rlctl.verdict import Verdict
 from tests.platforms.fakes import cpu_host, nvidia_host
 
 

@@ -286,16 +286,16 @@ def test_evaluate_pins_is_per_engine(tmp_path):
     host = h100(tmp_path, "580.82.07")
     make_dist(tmp_path / "site", "sglang", "0.5.23", requires=("torch==2.14.1",))  # wrong torch for SGLang
     p = NvidiaPlatform(host)
-    all_engines = {v.id: v.verdict for v in evaluate_pins(p)}
+    all_engines = {v.details["id"]: v.verdict for v in evaluate_pins(p)}
     assert all_engines["pin:sglang-torch".removeprefix("pin:")] == "FAIL"
-    vllm_run = {v.id: v for v in evaluate_pins(p, "vllm")}
+    vllm_run = {v.details["id"]: v for v in evaluate_pins(p, "vllm")}
     assert vllm_run["sglang-torch"].verdict == "SKIP" and vllm_run["vllm-torch"].verdict == "PASS"
-    assert {v.id: v.verdict for v in evaluate_pins(p, "sglang")}["sglang-torch"] == "FAIL"
+    assert {v.details["id"]: v.verdict for v in evaluate_pins(p, "sglang")}["sglang-torch"] == "FAIL"
 
 
 def test_sglang_pins_are_not_judged_where_sglang_never_runs(tmp_path):
     from rlctl.platforms.ascend import AscendPlatform
     from rlctl.platforms.pin_checks import evaluate_pins
 
-    v = {p.id: p for p in evaluate_pins(AscendPlatform(ascend_sglang_only(tmp_path)))}
+    v = {p.details["id"]: p for p in evaluate_pins(AscendPlatform(ascend_sglang_only(tmp_path)))}
     assert v["sglang-torch"].verdict == "SKIP" and "does not run on ascend" in v["sglang-torch"].reason

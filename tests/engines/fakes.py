@@ -27,6 +27,9 @@ the version is modelled from the source (paths inside the wheels):
   0.33.0 ``v1/worker/gpu/sample/prompt_logprob.py``).
 - vLLM sleep (``vllm/device_allocator/cumem.py``): level 1 keeps the weights on the host, level 2
   discards them (they wake as garbage); ``wake_up`` without ``tags`` wakes everything.
+- Tensor parallelism (vLLM ``tensor_parallel_size`` > 1 with the external launcher; SGLang
+  ``tp_size`` > 1): per-rank shards held and loaded as the real loaders do, in
+  ``tests/engines/fake_vllm_tp.py``.
 - SGLang seeds (``sglang/srt/sampling/sampling_batch_info.py``): ``sampling_seed`` is used only
   with ``enable_deterministic_inference``, which gives unseeded requests seed 42; otherwise every
   draw is random.
@@ -67,6 +70,7 @@ import torch
 
 from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.engines.sampling import filter_top_k_top_p
+from tests.engines import fake_vllm_tp
 from tests.engines.fake_vllm_lora import LoraHolder, SGLangLoras, lora_modules
 
 SURFACES = Path(__file__).parent / "surfaces"
@@ -315,7 +319,11 @@ def make_fake_vllm(
         self.hf = HFRolloutEngine(given["model"])
         module, cls = args.worker_extension_cls.rsplit(".", 1)
         ext = getattr(__import__(module, fromlist=[cls]), cls)
-        self.worker = type("WorkerWithExtension", (Worker, ext), {})(self.hf)
+        self.tp = int(getattr(args, "tensor_parallel_size", None) or 1)
+        if self.tp > 1:  # one TP worker in this process (tests/engines/fake_vllm_tp.py)
+            self.worker = fake_vllm_tp.tp_worker(args, ext, self.hf, self.tp)
+        else:
+            self.worker = type("WorkerWithExtension", (Worker, ext), {})(self.hf)
         self.lora = (engine_mod.LLMEngine if engine_mod else LoraHolder)(args, self.hf, calls)
         if engine_mod is not None:
             self.llm_engine = self.lora
@@ -335,6 +343,8 @@ def make_fake_vllm(
         if self.sleeping:
             raise RuntimeError("CUDA error: an illegal memory access was encountered (engine asleep)")
         self.lora.use(lora_request)
+        if self.tp > 1:  # sample from what the TP group's shards hold
+            fake_vllm_tp.refresh_hf(self.worker, self.hf)
         if lora_request is not None:
             calls.append(("lora_request", lora_request.lora_int_id, lora_request.lora_name))
         params = (
@@ -373,7 +383,7 @@ def make_fake_vllm(
         return results
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        calls.append(("collective_rpc", method, len(args[0])))
+        calls.append(("collective_rpc", method, len(args[0]) if args else 0))
         if "weights" in self.sleeping:
             raise RuntimeError("CUDA error: weights are asleep")
         return [getattr(self.worker, method)(*args, **(kwargs or {}))]
@@ -546,6 +556,8 @@ def make_fake_sglang(
             )
         calls.append(("Engine", kwargs))
         self.hf = HFRolloutEngine(kwargs["model_path"])
+        tp = int(getattr(self.server_args, "tp_size", None) or 1)
+        self.schedulers = fake_vllm_tp.sglang_schedulers(self.hf, tp) if tp > 1 else None
         # sglang/srt/configs/model_config.py _derive_context_length (0.5.23; same in 0.5.3)
         derived = self.hf.model.config.max_position_embeddings
         wanted = kwargs.get("context_length")
@@ -635,6 +647,9 @@ def make_fake_sglang(
             )
         if "weights" in self.released:
             raise RuntimeError("CUDA error: weights are released")
+        if self.schedulers is not None:  # one scheduler per TP rank (tests/engines/fake_vllm_tp.py)
+            fake_vllm_tp.sglang_load(self.schedulers, named_tensors, self.hf)
+            return True, "Success"
         self.hf.update_weights(named_tensors)
         return True, "Success"
 
@@ -700,6 +715,7 @@ def make_fake_sglang(
         sampling_mod,
     )
     return {
+        **fake_vllm_tp.sglang_modules(version),
         "sglang": sglang,
         "sglang.srt": srt,
         "sglang.srt.server_args": server_args_mod,

@@ -25,7 +25,6 @@ def make_model(path: Path, *, tie: bool = False, seed: int = 0, layers: int = 2,
 
     torch.manual_seed(seed)
     cfg = Qwen2Config(
-        vocab_size=VOCAB,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=layers,
@@ -35,7 +34,7 @@ def make_model(path: Path, *, tie: bool = False, seed: int = 0, layers: int = 2,
         pad_token_id=PAD,
         eos_token_id=EOS,
         bos_token_id=2,
-        **{"max_position_embeddings": 128, **config},
+        **{"max_position_embeddings": 128, "vocab_size": VOCAB, **config},
     )
     model = Qwen2ForCausalLM(cfg)
     # larger-than-default init so the distributions are far from uniform

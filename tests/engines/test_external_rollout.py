@@ -144,11 +144,13 @@ def test_attention_config_is_refused_by_the_floor(models, monkeypatch, tmp_path)
         sys.modules["vllm"].LLM(model=str(models[0]), attention_config={"backend": "FLASH_ATTN"})
 
 
-@pytest.mark.parametrize("package", ["vllm", "sglang"])
-def test_tensor_parallel_is_refused(package, models, monkeypatch, tmp_path):
-    version = VLLM_VERSIONS[-1] if package == "vllm" else SGLANG_VERSIONS[-1]
-    with pytest.raises(UserError, match=r"^rollout\.tensor_parallel=2: .*not supported yet"):
-        build(monkeypatch, tmp_path, models, package, version, tensor_parallel_size=2)
+@pytest.mark.parametrize("version", ["0.13.0", "0.33.0"])
+def test_vllm_tensor_parallel_needs_the_trainers_process_group(version, models, monkeypatch, tmp_path):
+    """vLLM's external launcher joins the trainer's world: without one, a one-line refusal."""
+    with pytest.raises(UserError, match=r"^rollout\.tensor_parallel = 2 with rollout\.engine = 'vllm': no initialised"):
+        build(monkeypatch, tmp_path, models, "vllm", version, tensor_parallel_size=2)
+    with pytest.raises(UserError, match="contiguous TP groups .* rank order 'strided' is not possible"):
+        build(monkeypatch, tmp_path, models, "vllm", version, tensor_parallel_size=2, rank_order="strided")
 
 
 def test_missing_package_is_a_user_error(monkeypatch, models):

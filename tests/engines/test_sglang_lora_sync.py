@@ -59,9 +59,9 @@ def test_each_sync_loads_a_new_adapter_that_generate_names(trained, monkeypatch,
 
 
 def test_a_version_without_the_api_gets_merged_sync_and_doctor_says_so(trained, monkeypatch, tmp_path):
-    from rlctl.doctor.check import Verdict
     from rlctl.doctor.checks_lora import check_lora_sync
     from rlctl.platforms.nvidia import NvidiaPlatform
+    from rlctl.verdict import Verdict
     from tests.platforms.fakes import nvidia_host
 
     surface = load_surface("sglang", "0.5.3")

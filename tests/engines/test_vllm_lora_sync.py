@@ -135,9 +135,9 @@ def test_modules_to_save_load_into_the_base_and_stay_out_of_the_adapter_config(m
 
 
 def test_a_version_without_the_api_gets_merged_sync_and_doctor_says_so(trained, monkeypatch, tmp_path):
-    from rlctl.doctor.check import Verdict
     from rlctl.doctor.checks_lora import check_lora_sync
     from rlctl.platforms.nvidia import NvidiaPlatform
+    from rlctl.verdict import Verdict
     from tests.platforms.fakes import nvidia_host
 
     surface = load_surface("vllm", "0.10.2")
@@ -160,9 +160,9 @@ def test_a_version_without_the_api_gets_merged_sync_and_doctor_says_so(trained, 
 
 
 def test_doctor_names_adapter_only_sync_where_the_api_is(monkeypatch, tmp_path):
-    from rlctl.doctor.check import Verdict
     from rlctl.doctor.checks_lora import check_lora_sync
     from rlctl.platforms.nvidia import NvidiaPlatform
+    from rlctl.verdict import Verdict
     from tests.platforms.fakes import nvidia_host
 
     install(monkeypatch, tmp_path, "vllm", "0.33.0", [])

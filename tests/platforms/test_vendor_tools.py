@@ -173,11 +173,11 @@ def test_vllm_ascend_rc_pairs_with_the_vllm_its_row_names(tmp_path):
     make_dist(tmp_path, "vllm-ascend", "0.14.0rc1")
     make_dist(tmp_path, "vllm", "0.14.1")
     out = evaluate_pin(PINS["vllm-ascend-vllm"], facts(tmp_path))
-    assert out.status == "ok", out.reason
+    assert out.details["status"] == "ok", out.reason
     make_dist(tmp_path / "b", "vllm-ascend", "0.14.0rc1")
     make_dist(tmp_path / "b", "vllm", "0.14.0")
     bad = evaluate_pin(PINS["vllm-ascend-vllm"], facts(tmp_path / "b"))
-    assert bad.status == "violated" and "wants 0.14.1" in bad.reason
+    assert bad.details["status"] == "violated" and "wants 0.14.1" in bad.reason
 
 
 def test_whole_matrix_knows_current_releases(tmp_path):
@@ -187,26 +187,26 @@ def test_whole_matrix_knows_current_releases(tmp_path):
         make_dist(tmp_path, name, v)
     make_torch(tmp_path, "2.10.0")
     ok = evaluate_pin(PINS["vllm-ascend-matrix"], facts(tmp_path, details={"cann_version": '"9.1.0"'}))
-    assert ok.status == "ok", ok.reason
+    assert ok.details["status"] == "ok", ok.reason
     old = evaluate_pin(PINS["vllm-ascend-matrix"], facts(tmp_path, details={"cann_version": "8.5.1"}))
-    assert old.status == "violated" and "cann 8.5.1 (wants 9.1.0)" in old.reason
+    assert old.details["status"] == "violated" and "cann 8.5.1 (wants 9.1.0)" in old.reason
 
 
 def test_vllm_ascend_newer_than_the_matrix_is_unknown(tmp_path):
     make_dist(tmp_path, "vllm-ascend", "0.99.0")
     out = evaluate_pin(PINS["vllm-ascend-matrix"], facts(tmp_path))
-    assert out.status == "unknown" and "not in rlctl's copy" in out.reason
+    assert out.details["status"] == "unknown" and "not in rlctl's copy" in out.reason
 
 
 def test_rocr_visible_devices_is_fine_next_to_hip(tmp_path):
     make_dist(tmp_path, "ray", "2.60.0")
     env = {"ROCR_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0"}
-    assert evaluate_pin(PINS["rocr-visible-devices"], facts(tmp_path, "rocm", env=env)).status == "ok"
+    assert evaluate_pin(PINS["rocr-visible-devices"], facts(tmp_path, "rocm", env=env)).details["status"] == "ok"
     make_dist(tmp_path / "old", "ray", "2.44.1")  # before ray#51104 Ray itself used ROCR_VISIBLE_DEVICES
     old = evaluate_pin(
         PINS["rocr-visible-devices"], facts(tmp_path / "old", "rocm", env={"ROCR_VISIBLE_DEVICES": "0"})
     )
-    assert old.status == "n/a"
+    assert old.details["status"] == "n/a"
 
 
 def test_attention_backend_env_judged_by_the_installed_vllm(tmp_path):
@@ -215,7 +215,7 @@ def test_attention_backend_env_judged_by_the_installed_vllm(tmp_path):
     (tmp_path / "new" / "vllm").mkdir()
     (tmp_path / "new" / "vllm" / "envs.py").write_text("VLLM_HOST_IP: str = ''\n")  # 0.33.0: no such var
     out = evaluate_pin(PINS["vllm-attention-backend-env"], facts(tmp_path / "new", "nvidia", env=env))
-    assert out.status == "violated" and "never reads it" in out.reason
+    assert out.details["status"] == "violated" and "never reads it" in out.reason
     assert (
         "passes the attention backend to the engine explicitly" not in PINS["vllm-attention-backend-env"].fix
     )
@@ -223,7 +223,7 @@ def test_attention_backend_env_judged_by_the_installed_vllm(tmp_path):
     (tmp_path / "old" / "vllm").mkdir()
     (tmp_path / "old" / "vllm" / "envs.py").write_text('"VLLM_ATTENTION_BACKEND": lambda: None,\n')
     ok = evaluate_pin(PINS["vllm-attention-backend-env"], facts(tmp_path / "old", "nvidia", env=env))
-    assert ok.status == "ok" and "reads it" in ok.reason
+    assert ok.details["status"] == "ok" and "reads it" in ok.reason
 
 
 def test_pin_texts_say_what_their_sources_say():

@@ -338,8 +338,8 @@ def test_process_limit_reports_only_limits_that_bind():
 
 
 def test_doctor_reports_each_layer(monkeypatch):
-    from rlctl.doctor.check import Verdict
     from rlctl.doctor.checks_sandbox import check_sandbox
+    from rlctl.verdict import Verdict
 
     rows = {r.name: r for r in check_sandbox()}
     names = ["pid namespace", "mount namespace", "network namespace", "unprivileged uid", "seccomp filter",

@@ -73,7 +73,6 @@ def test_memory_fraction_is_refused_where_nothing_reads_it(tmp_path):
 @pytest.mark.parametrize(
     ("extra", "key"),
     [
-        ('[rollout]\ntensor_parallel = 2\nengine = "vllm"\n', "rollout.engine"),
         ('[rollout]\ntensor_parallel = 2\n[trainer]\nmode = "async"\n', "trainer.mode"),
         ('[rollout]\ntensor_parallel = 2\n[agent]\nenv = "builtin:calculator"\n', "agent.env"),
         ('[rollout]\ntensor_parallel = 2\n[agent]\nopenai_agent = "agent.py"\n', "agent.openai_agent"),
@@ -131,3 +130,26 @@ def test_rollout_correction_refused_on_inexact_rollout_log_probs(tmp_path):
     off = _Policy("anything")
     _check_rollout_log_probs(_profile(tmp_path), off)
     assert off.asked is None  # not even asked when correction is off
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_tensor_parallel_on_vllm_and_sglang_in_sync_mode_is_accepted(tmp_path, engine):
+    (tmp_path / "model").mkdir()
+    path = tmp_path / "p.toml"
+    path.write_text(
+        f'[model]\npath = "model"\n[cluster]\ndevices_per_node = 2\n[rollout]\nengine = "{engine}"\ntensor_parallel = 2\n'
+    )
+    code, out, err = run_cli("profile", "check", str(path))
+    assert code == 0, err
+
+
+def test_an_sglang_replica_across_nodes_is_refused_naming_the_engine(tmp_path):
+    (tmp_path / "model").mkdir()
+    path = tmp_path / "p.toml"
+    path.write_text(
+        '[model]\npath = "model"\n[cluster]\nnodes = 2\ndevices_per_node = 2\n'
+        '[rollout]\nengine = "sglang"\ntensor_parallel = 4\n'
+    )
+    code, out, err = run_cli("profile", "check", str(path))
+    assert code == 2 and "Traceback" not in err
+    assert "rollout.engine: rollout.tensor_parallel = 4: one SGLang engine drives its replica's 4 devices" in err

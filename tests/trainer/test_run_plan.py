@@ -95,7 +95,7 @@ def test_vllm_refusing_max_model_len_is_a_fail_with_the_fix(tmp_path):
     failed = {c.name: c for c in plan.failures}
     assert "max_model_len KV fits" in failed
     kv = failed["max_model_len KV fits"]
-    assert "131072-token sequence needs 16.00 GiB" in kv.detail
+    assert "131072-token sequence needs 16.00 GiB" in kv.reason
     assert "max_model_len" in kv.fix
     # more memory for the engine: the same model and length fit
     ok = resolve_plan(
@@ -144,7 +144,7 @@ def test_this_host_plan_names_versions_and_pins(tmp_path):
     assert (plan.platform, plan.device_type, plan.dist_backend) == ("cpu", "cpu", "gloo")
     assert actor.versions["torch"] and actor.versions["transformers"]
     assert rollout.engine == "hf" and rollout.kernel == actor.kernel
-    assert any(p.id == "transformers-5.6.0" for p in actor.pins)
+    assert any(p.details["id"] == "transformers-5.6.0" for p in actor.pins)
     assert plan.memory["cpu_worker_baseline_gib"] == mem.CPU_WORKER_BASELINE_GIB
     json.dumps(plan.to_dict())  # JSON-able
 

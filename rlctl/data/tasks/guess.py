@@ -49,19 +49,31 @@ def tiny_trace(guesses: list[int], secret: int) -> str:
     return "".join(parts) + str(guesses[-1])
 
 
+# The prompt text by ``style``: the tiny model's terse game, or a question a pretrained chat model
+# reads as asking for a number alone (``builtin:guess?style=question``; same problems and answers).
+GUESS_STYLES = {
+    "game": "guess 0-{hi}",
+    "question": "Pick a number between 0 and {hi}. Reply with just the digit.",
+}
+
+
 class GuessTask(Task):
-    """Secret in ``0..hi`` with ``hi`` in ``min_hi..9``; ``turns`` is the warm-up trace's limit."""
+    """Secret in ``0..hi`` with ``hi`` in ``min_hi..9``; ``turns`` is the warm-up trace's limit;
+    ``style`` picks the prompt text (:data:`GUESS_STYLES`)."""
 
     name = "guess"
     val_fraction = 0.1
     default_sizes = {"train": 4000, "validation": 200}
 
-    def __init__(self, min_hi: int = 3, turns: int = 3, variants: int = 100) -> None:
+    def __init__(self, min_hi: int = 3, turns: int = 3, variants: int = 100, style: str = "game") -> None:
         if not 1 <= int(min_hi) <= 9 or int(turns) < 1 or int(variants) < 1:
             raise ValueError(
                 f"need 1 <= min_hi <= 9, turns >= 1, variants >= 1; got {min_hi}, {turns}, {variants}"
             )
+        if style not in GUESS_STYLES:
+            raise ValueError(f"style must be one of {', '.join(GUESS_STYLES)}, got {style!r}")
         self.min_hi, self.turns, self.variants = int(min_hi), int(turns), int(variants)
+        self.style = style
 
     def enumerate(self) -> Iterator[tuple[int, int, int]]:
         return (
@@ -76,7 +88,8 @@ class GuessTask(Task):
     def row_parts(self, problem: tuple[int, int, int]) -> tuple[str, Any, str, dict[str, Any]]:
         hi, secret, variant = problem
         guesses = warmup_guesses(hi, secret, self.turns, self.key(problem))
-        return f"guess 0-{hi}", str(secret), tiny_trace(guesses, secret), {"hi": hi, "agent_name": "guess"}
+        prompt = GUESS_STYLES[self.style].format(hi=hi)
+        return prompt, str(secret), tiny_trace(guesses, secret), {"hi": hi, "agent_name": "guess"}
 
     def verify(self, solution_str: str, ground_truth: Any) -> float:
         """Single-turn view: the last guess in the text is the secret."""

@@ -13,10 +13,9 @@ from rlctl.errors import UserError
 from rlctl.profile.schema import Profile
 from rlctl.trainer.plan import memory as mem
 from rlctl.trainer.plan.kv_rules import engine_length, kv_checks
-from rlctl.trainer.plan.pin_verdicts import PinVerdict
 from rlctl.trainer.plan.rollout_tp import moved_per_rank, rollout_rank_order
 from rlctl.trainer.plan.shape import model_shape
-from rlctl.trainer.plan.verdict import FAIL, PASS, WARN, Check
+from rlctl.verdict import FAIL, PASS, WARN, Check
 
 GIB = mem.GIB
 
@@ -31,7 +30,7 @@ def p_order(profile: Profile) -> str:
     return why if why.startswith(order) else f"{order} ({why})"
 
 
-def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
+def fit_checks(profile: Profile, plan: Any, verdicts: list[Check]) -> None:
     """Fill a ``RunPlan``'s ``model``, ``memory`` and ``checks`` from its platform, devices and roles
     (``plan`` is typed loosely: ``run_plan`` imports this module)."""
     p, checks = profile, plan.checks
@@ -59,21 +58,30 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
     heads_ok = q % tp == 0 and (
         kv % tp == 0 if hf else (tp >= kv and tp % kv == 0) or (tp < kv and kv % tp == 0)
     )
+    why = None
+    if tp > 1 and rollout.engine in ("vllm", "sglang"):  # their layers' divide() asserts, all of them
+        from rlctl.engines.tp_shards import Heads, why_not
+
+        why = why_not(Heads(q, kv, shape.intermediate_size, shape.vocab_size), tp)
+        heads_ok = why is None
     check(
         "attention heads / tensor_parallel",
         heads_ok,
-        f"{q} query and {kv} KV heads over tensor-parallel {tp}",
+        f"{q} query and {kv} KV heads over tensor-parallel {tp}" + (f": {why}" if why else ""),
         "a tensor-parallel degree dividing the query and the KV heads"
         if hf
-        else "a tensor-parallel degree dividing the query heads, with KV heads a multiple or divisor of it",
+        else "a tensor-parallel degree dividing the query heads, the MLP width and the padded vocabulary, "
+        "with KV heads a multiple or divisor of it",
     )
     if tp > 1:
+        runs = rollout.engine in ("hf", "vllm", "sglang")
+        kv_note = f", each KV head on {tp // kv} ranks" if not hf and tp > kv and heads_ok else ""
         check(
             "rollout engine / tensor_parallel",
-            hf,
-            f"{rollout.engine} at tensor-parallel {tp}"
-            + (f", TP groups {p_order(p)}" if hf and world % tp == 0 and heads_ok else ""),
-            f"rollout.engine = 'hf' (the {rollout.engine} adapter runs tensor-parallel 1 so far) "
+            runs,
+            f"{rollout.engine} at tensor-parallel {tp}{kv_note}"
+            + (f", TP groups {p_order(p)}" if runs and world % tp == 0 and heads_ok else ""),
+            f"rollout.engine = 'hf', 'vllm' or 'sglang' (the {rollout.engine} adapter runs tensor-parallel 1) "
             "or rollout.tensor_parallel = 1",
         )
     padded = rows_per_rank * world - rows
@@ -162,7 +170,7 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
         link_gb_s=plan.device.link_gb_s,
         hbm_gb_s=plan.device.hbm_gb_s,
         params=lora_trainable if lora_sync == "adapter-only" else None,
-        tp=tp,
+        tp=1 if rollout.engine == "sglang" else tp,  # SGLang's TP ranks each take full tensors
         moved_per_rank=moved_per_rank(p, world, tp, rollout.dtype) if tp > 1 and heads_ok else None,
     )
     cpu = plan.device_type == "cpu"
@@ -249,14 +257,15 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[PinVerdict]) -> None:
     )
     # ---- pins (this host only; a target's versions are unknown)
     for v in verdicts:
-        if v.status != "violated":
+        if v.details["status"] != "violated":
             continue
         used = any(v in r.pins for r in plan.roles.values())
+        name = f"pin {v.details['id']}"
         if v.blocks and used:
-            checks.append(Check(f"pin {v.id}", FAIL, v.reason, v.fix))
+            checks.append(Check(name, FAIL, v.reason, v.fix))
         else:
             why = "a package this run does not use" if not used else "warn severity"
-            checks.append(Check(f"pin {v.id}", WARN, f"{v.reason} (not blocking: {why})", v.fix))
+            checks.append(Check(name, WARN, f"{v.reason} (not blocking: {why})", v.fix))
 
 
 def lora_sync_mode(plan: Any, engine: str) -> str:

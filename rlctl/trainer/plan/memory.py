@@ -186,7 +186,7 @@ def rollout_memory(
 ) -> Rollout:
     """Bytes per device of one rollout engine replica (tensor-parallel shard ``tp``)."""
     b = DTYPE_BYTES.get(dtype, 4)
-    weights = math.ceil(shape.params / tp) * b
+    weights = shape.params_per_rank(tp, engine) * b
     per_token = shape.kv_bytes_per_token(b, tp)
     # vLLM 0.33 FullAttentionSpec.max_memory_usage_bytes: cdiv(max_model_len, block_size) pages
     blocks = -(-max_model_len // VLLM_BLOCK_SIZE)

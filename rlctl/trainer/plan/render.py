@@ -33,7 +33,7 @@ def plan_lines(plan: RunPlan) -> list[str]:
         )
         if r.settings.env:
             lines.append("           env " + " ".join(f"{k}={v}" for k, v in sorted(r.settings.env.items())))
-        bad = [p for p in r.pins if p.status == "violated"]
+        bad = [p for p in r.pins if p.details["status"] == "violated"]
         if r.pins:
             lines.append(f"           pins: {len(r.pins) - len(bad)} ok or n/a, {len(bad)} violated")
     if plan.model is not None:

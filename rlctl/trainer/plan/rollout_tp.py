@@ -16,6 +16,8 @@ def rollout_rank_order(profile: Profile) -> tuple[str, str]:
     c, tp = profile.cluster, profile.rollout.tensor_parallel
     if tp == 1:
         return "contiguous", "rollout tensor-parallel 1"
+    if profile.rollout.engine in ("vllm", "sglang"):
+        return "contiguous", f"{profile.rollout.engine} cuts contiguous TP groups out of the trainer's ranks"
     config = model_config(profile.model.path)
     if config is None:
         return "contiguous", "the model's config is not readable here: contiguous TP groups"
@@ -34,5 +36,7 @@ def moved_per_rank(profile: Profile, world: int, tp: int, dtype: str) -> int | N
     from rlctl.reshard import train_to_rollout_plan
 
     order = rollout_rank_order(profile)[0]
-    plan = train_to_rollout_plan(config, world, tp, rank_order=order, fmt="hf_tp", dtype=resolve_dtype(dtype))
+    fmt = {"vllm": "vllm", "sglang": "hf"}.get(profile.rollout.engine, "hf_tp")
+    tp = 1 if fmt == "hf" else tp  # SGLang's TP ranks each take full tensors
+    plan = train_to_rollout_plan(config, world, tp, rank_order=order, fmt=fmt, dtype=resolve_dtype(dtype))
     return plan.bytes_moved() // world

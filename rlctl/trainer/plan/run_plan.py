@@ -19,14 +19,14 @@ from rlctl.engines.engine_fields import resolve_engine_kwargs
 from rlctl.errors import UserError
 from rlctl.platforms.base import EngineSettings, Platform
 from rlctl.platforms.catalogue import DeviceSpec
+from rlctl.platforms.pin_checks import evaluate_pins, pin_record
 from rlctl.profile.schema import Profile
 from rlctl.trainer.plan import choices
 from rlctl.trainer.plan.fit import fit_checks
 from rlctl.trainer.plan.host import HostDescription, described_host, this_host
-from rlctl.trainer.plan.pin_verdicts import PinVerdict, pin_verdicts
 from rlctl.trainer.plan.shape import ModelShape
 from rlctl.trainer.plan.specs import build_specs, moved_model
-from rlctl.trainer.plan.verdict import FAIL, PASS, Check
+from rlctl.verdict import FAIL, PASS, Check
 
 # distributions each engine runs on (the rollout engines' come from the platform)
 TRAIN_DISTS = ("torch", "transformers")
@@ -42,7 +42,7 @@ class RolePlan:
     dtype: str
     settings: EngineSettings
     versions: dict[str, str | None] = field(default_factory=dict)
-    pins: list[PinVerdict] = field(default_factory=list)
+    pins: list[Check] = field(default_factory=list)  # judged pins (platforms.pin_checks)
     spec: Any = None  # the role's spec (plan.specs): exactly what its workers receive
 
     @property
@@ -108,13 +108,13 @@ class RunPlan:
         """``host``: what the host description says (which host, why this platform, installed
         versions, pin verdicts); every other key is resolved from the profile and the host's
         kind, so a run's ``plan.json`` and ``rlctl plan --hardware`` for the same kind of host
-        agree on them byte for byte (:meth:`resolved_json`)."""
+        agree on them byte for byte (:meth:`resolved_dict`)."""
         return {
             "host": {
                 "target": self.target,
                 "platform_reason": self.platform_reason,
                 "versions": {name: dict(r.versions) for name, r in self.roles.items()},
-                "pins": {name: [asdict(p) for p in r.pins] for name, r in self.roles.items()},
+                "pins": {name: [pin_record(p) for p in r.pins] for name, r in self.roles.items()},
             },
             **self.resolved_dict(),
         }
@@ -136,8 +136,8 @@ class RunPlan:
             "roles": {name: r.to_dict() for name, r in self.roles.items()},
             "model": self.model.to_dict() if self.model else None,
             "memory": self.memory,
-            "checks": [asdict(c) for c in self.checks],
-            "verdict": FAIL if self.failures else PASS,
+            "checks": [{"name": c.name, "verdict": c.verdict.value, "detail": c.reason, "fix": c.fix} for c in self.checks],
+            "verdict": (FAIL if self.failures else PASS).value,
         }
 
     def to_json(self) -> str:
@@ -197,7 +197,7 @@ def resolve_on(profile: Profile, host: HostDescription) -> RunPlan:
     rollout = choices.rollout_engine(p, platform)
     choices.check_engine_keys(p, rollout)
     choices.check_lora(p)
-    verdicts = pin_verdicts(platform, rollout) if host.versions_known else []  # a target's are unknown
+    verdicts = evaluate_pins(platform, rollout) if host.versions_known else []  # a target's are unknown
     rollout_dists = tuple(platform.engine_dists.get(rollout, (rollout,)))
     settings = {
         "policy": _settings(p, platform, "fsdp", "policy"),
@@ -216,7 +216,7 @@ def resolve_on(profile: Profile, host: HostDescription) -> RunPlan:
     roles: dict[str, RolePlan] = {}
 
     def role(name: str, engine: str, dists: tuple[str, ...], spec: Any) -> RolePlan:
-        pins = [v for v in verdicts if v.package is None or v.package in dists]
+        pins = [v for v in verdicts if v.details["package"] in (None, *dists)]
         versions = {d: host.version(d) for d in dists}
         setting = settings.get(name) or _settings(p, platform, engine, name)
         return RolePlan(name, engine, dtype, setting, versions, pins, spec)
@@ -251,5 +251,5 @@ def refuse_failures(plan: RunPlan) -> None:
     """One UserError (exit 2) naming every FAIL check and its fix, before any worker starts."""
     failed = plan.failures
     if failed:
-        parts = "; ".join(f"{c.name}: {c.detail} (fix: {c.fix})" for c in failed)
+        parts = "; ".join(f"{c.name}: {c.reason} (fix: {c.fix})" for c in failed)
         raise UserError(f"{plan.profile}: the run plan has {len(failed)} FAIL check(s): {parts}")

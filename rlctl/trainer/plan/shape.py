@@ -123,6 +123,21 @@ class ModelShape:
         head = 0 if self.tie_word_embeddings else embed
         return embed + head + self.num_layers * self.layer_params + self.hidden_size
 
+    def params_per_rank(self, tp: int, engine: str = "hf") -> int:
+        """Rollout parameters one tensor-parallel rank holds. vLLM / SGLang (their loaders,
+        :mod:`rlctl.engines.tp_shards`): q, MLP and o/down split ``tp`` ways, each rank at least one
+        KV head (replicated when ``tp`` exceeds them), the vocabulary padded to 64 then split, norms
+        whole. The HF engine: whole heads and ``torch.chunk`` pieces, about ``params / tp``."""
+        if tp == 1 or engine not in ("vllm", "sglang"):
+            return -(-self.params // tp)
+        h, hd = self.hidden_size, self.head_dim
+        kv_heads = max(1, self.num_kv_heads // tp)
+        q, kv = self.num_heads * hd // tp, kv_heads * hd
+        attn = 2 * h * q + 2 * h * kv + ((q + 2 * kv) if self.qkv_bias else 0)
+        layer = attn + 3 * h * (self.intermediate_size // tp) + 2 * h
+        vocab = -(-self.vocab_size // 64) * 64 // tp * h
+        return vocab * (1 if self.tie_word_embeddings else 2) + self.num_layers * layer + h
+
     def kv_bytes_per_token(self, dtype_bytes: int, tp: int = 1) -> int:
         """K and V of one token over every layer on one tensor-parallel rank (kv heads are split
         over tp, or replicated when tp exceeds them, as vLLM does)."""

@@ -128,7 +128,12 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) 
         if name in plan.roles:
             roles[name], init[name] = cls, {"spec": plan.roles[name].spec}
     c = profile.cluster
-    pool = ResourcePool(nodes=c.nodes, devices_per_node=c.devices_per_node, resource=plan.ray_resource)
+    pool = ResourcePool(
+        nodes=c.nodes,
+        devices_per_node=c.devices_per_node,
+        resource=plan.ray_resource,
+        runtime=platform.runtime_spec(),
+    )
     log.info(
         "starting workers",
         platform=platform.name,

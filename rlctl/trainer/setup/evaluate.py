@@ -88,10 +88,12 @@ def evaluate_model(profile: Profile, model_path: str, limit: int | None = None) 
     engine = HFRolloutEngine(
         model_path, device=device, dtype=dtype, trust_remote_code=profile.model.trust_remote_code
     )
-    if profile.agent.episodic:  # multi-turn: episodes scored by the environment
+    if profile.agent.episodic:  # multi-turn: episodes scored by the environment or agent, else [reward]
         from rlctl.agents.evaluate import episode_accuracy
 
-        return episode_accuracy(engine, tokenizer, val, profile, model_path)
+        return episode_accuracy(
+            engine, tokenizer, val, profile, model_path, scorer=scorer_for(profile, tokenizer)
+        )
     with torch.inference_mode():
         return greedy_accuracy(
             engine,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -46,16 +47,21 @@ class BatchScorer:
             [row[m].tolist() for row, m in zip(responses, mask, strict=True)], skip_special_tokens=True
         )
 
-    def score(self, batch: DataProto, *, shaping: bool = True) -> tuple[DataProto, dict[str, float]]:
+    def score(
+        self, batch: DataProto, *, shaping: bool = True, solutions: Sequence[str] | None = None
+    ) -> tuple[DataProto, dict[str, float]]:
         """The batch with its reward columns, and this pass's error/timeout counts.
 
         ``shaping=False`` (validation, evaluation) leaves out training-time reward shaping, so
-        ``scores`` is what the scorer gave.
+        ``scores`` is what the scorer gave. ``solutions`` (one per row) are scored instead of the
+        decoded responses: an agent's returned final answers (:mod:`rlctl.agents.outcome`).
         """
         nt = batch.non_tensor
+        if solutions is not None and len(solutions) != len(batch):
+            raise ValueError(f"{len(solutions)} solutions for a batch of {len(batch)} rows")
         out = self.manager.score(
             list(nt["data_source"]),
-            self.decode(batch),
+            list(solutions) if solutions is not None else self.decode(batch),
             list(nt["ground_truth"]),
             list(nt["extra_info"]),
             prompts=list(nt["raw_prompt"]) if "raw_prompt" in nt else None,

@@ -2,9 +2,11 @@
 (:mod:`rlctl.reshard`), bucket by bucket.
 
 At rollout TP 1 every rank ends with whole HF tensors (layout ``hf``); at TP > 1 the planner writes
-straight into the tensor-parallel engine's own pieces (layout ``hf_tp``, the engine's
-``local_tensors()`` as the outputs), so no rank materialises a tensor it does not hold and the
-extra memory stays within one bucket (``stats["peak_extra_bytes"]``).
+straight into the tensor-parallel engine's own pieces (the engine's ``reshard_format``: ``hf_tp``
+for the HF engine, ``vllm`` for vLLM's merged and padded shards; its ``local_tensors()`` as the
+outputs), so no rank materialises a tensor it does not hold and the extra memory stays within one
+bucket (``stats["peak_extra_bytes"]``). SGLang's engine cuts full tensors itself
+(``reshard_format = "hf"``): every rank then gets whole tensors, bucket by bucket, as at TP 1.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def planned_sync(
     ``skip`` leaves one tensor out (fault injection: a TP engine's piece is then planned into a
     buffer of its own and dropped, so the engine keeps its old values)."""
     tp, order = rollout_layout(getattr(worker, "spec", None))
+    fmt = getattr(worker.rollout, "reshard_format", "hf_tp") if tp > 1 else "hf"
+    tp = 1 if fmt == "hf" else tp  # an engine that cuts full tensors itself (SGLang) gets them whole
     buckets = reshard_train_to_rollout(
         worker.actor.model.config,
         train_world=worker.world_size,
@@ -40,7 +44,7 @@ def planned_sync(
         local_shards=dict(worker.actor.export_weights("sharded")),
         bucket_bytes=SYNC_BUCKET_BYTES,
         rank_order=order,
-        fmt="hf_tp" if tp > 1 else "hf",
+        fmt=fmt,
         out=dict(without(worker.rollout.local_tensors().items(), skip)) if tp > 1 else None,
         stats=stats,
     )
@@ -52,6 +56,7 @@ def stored_gib(engine: Any) -> float | None:
     """The rollout weights ``engine`` stores on this rank (its TP pieces), in GiB; None when the
     engine does not expose them."""
     local = getattr(engine, "local_tensors", None)
-    if local is None:
+    tensors = local() if local is not None else None
+    if not tensors:  # vLLM at TP 1 keeps its weights to itself
         return None
-    return sum(t.numel() * t.element_size() for t in local().values()) / 2**30
+    return sum(t.numel() * t.element_size() for t in tensors.values()) / 2**30

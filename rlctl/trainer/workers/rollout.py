@@ -124,7 +124,11 @@ def spawn_rollout_group(ctx) -> tuple[RolloutGroup, ResourcePool]:
     p = ctx.profile
     c = p.cluster
     pool = ResourcePool(
-        nodes=c.nodes, devices_per_node=c.devices_per_node, resource=ctx.plan.ray_resource, name="rollout"
+        nodes=c.nodes,
+        devices_per_node=c.devices_per_node,
+        resource=ctx.plan.ray_resource,
+        runtime=ctx.platform.runtime_spec(),
+        name="rollout",
     )
     group: RolloutGroup = spawn_colocated(  # type: ignore[assignment]  # handles= makes it one
         pool,
