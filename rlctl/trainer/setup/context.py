@@ -14,7 +14,7 @@ from rlctl.dispatch.pool import ResourcePool
 from rlctl.errors import UserError
 from rlctl.log import get_logger
 from rlctl.profile.schema import Profile
-from rlctl.trainer.plan.run_plan import RunPlan, resolve_plan
+from rlctl.trainer.plan.run_plan import RunPlan
 from rlctl.trainer.setup.evaluate import scorer_for
 from rlctl.trainer.setup.models import load_tokenizer, stop_token_ids
 from rlctl.trainer.setup.prompts import PromptSource, load_prompts
@@ -97,10 +97,9 @@ def _check_rollout_log_probs(profile: Profile, policy: PolicyGroup) -> None:
         )
 
 
-def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) -> RunContext:
-    """Load data and reward, spawn the colocated worker groups ``plan`` names (resolved here
-    when the caller has none)."""
-    plan = plan or resolve_plan(profile)
+def build_context(profile: Profile, run_dir: Path, plan: RunPlan) -> RunContext:
+    """Load data and reward, spawn the colocated worker groups ``plan`` names, each worker built
+    from its role plan's spec (the run's one resolution: nothing is resolved here)."""
     platform = plan.platform_object
     tokenizer = load_tokenizer(
         profile.model.tokenizer or profile.model.path,
