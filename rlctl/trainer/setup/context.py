@@ -21,6 +21,7 @@ from rlctl.trainer.setup.prompts import PromptSource, load_prompts
 from rlctl.trainer.step.scoring import BatchScorer
 from rlctl.trainer.workers.handles import HANDLES, CriticGroup, PolicyGroup, ReferenceGroup
 from rlctl.trainer.workers.roles import CriticWorker, PolicyWorker, ReferenceWorker
+from rlctl.trainer.workers.rollout_engines import needs_node_devices
 
 log = get_logger("rlctl.setup")
 
@@ -132,6 +133,7 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan) -> RunContext:
         devices_per_node=c.devices_per_node,
         resource=plan.ray_resource,
         runtime=platform.runtime_spec(),
+        node_devices=needs_node_devices(policy),
     )
     log.info(
         "starting workers",

@@ -25,6 +25,7 @@ class PolicyGroup(WorkerGroup):
     rollout_log_prob_gap = remote(PolicyWorker.rollout_log_prob_gap)
     sync_weights = remote(PolicyWorker.sync_weights)
     full_weights = remote(PolicyWorker.full_weights)
+    published_full = remote(PolicyWorker.published_full)
     save_checkpoint = remote(PolicyWorker.save_checkpoint)
     load_checkpoint = remote(PolicyWorker.load_checkpoint)
     export_hf = remote(PolicyWorker.export_hf)
