@@ -45,6 +45,7 @@ import torch
 from rlctl.engines.adapter_dir import split_adapter_stream
 from rlctl.engines.engine_fields import check_engine_kwargs
 from rlctl.engines.external_version import accepts, init_fields, installed_version, only_known
+from rlctl.engines.inflight import Swap
 from rlctl.engines.lora import LoraSpec
 from rlctl.engines.registry import register_engine
 from rlctl.engines.rollout_batch import (
@@ -197,10 +198,18 @@ class SGLangRolloutEngine(SGLangTensorParallel):
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int = 0,
         seed: int | None = None,
+        version: int | None = None,
+        swap: Swap | None = None,
+        kv_on_swap: str = "recompute",
     ) -> dict[str, torch.Tensor]:
-        """Sample through SGLang; same keys as the HF engine (``rollout_log_probs`` only when exact)."""
+        """Sample through SGLang; same keys as the HF engine (``rollout_log_probs`` only when exact).
+
+        ``version``: ``token_versions`` (every response token sampled with weight ``version``). An
+        in-flight ``swap`` is refused (:func:`swap_refusal`); ``kv_on_swap`` matters only with one."""
         if self.asleep_tags:
             raise RunError("SGLang rollout engine is asleep; call wake() before generate()")
+        if swap is not None:
+            raise UserError(swap_refusal(str(self.version)))
         stop = stop_token_ids(eos_token_id)
         exact = self.log_prob_gap(temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy) is None
         prompts = unpadded_prompts(prompt_ids, prompt_mask, n)
@@ -226,7 +235,7 @@ class SGLangRolloutEngine(SGLangTensorParallel):
             log_probs = [
                 [float(lp) for lp, _tok, *_ in o["meta_info"]["output_token_logprobs"]] for o in outputs
             ]
-        return assemble_rollout(
+        out = assemble_rollout(
             prompt_ids,
             prompt_mask,
             responses,
@@ -235,6 +244,9 @@ class SGLangRolloutEngine(SGLangTensorParallel):
             max_new_tokens=max_new_tokens,
             pad_token_id=pad_token_id,
         )
+        if version is not None:
+            out["token_versions"] = out["response_mask"] * int(version)
+        return out
 
     @from_leader
     def prompt_log_probs(self, token_ids: Sequence[int]) -> torch.Tensor:
@@ -348,6 +360,24 @@ class SGLangRolloutEngine(SGLangTensorParallel):
         if self.asleep_tags:
             self._resume(sorted(self.asleep_tags))
         self.asleep_tags = set()
+
+
+def swap_refusal(version: str) -> str:
+    """Why this SGLang cannot swap weights in the middle of ``generate`` (one line).
+
+    The offline ``Engine.generate`` blocks on ``loop.run_until_complete`` until the whole batch is done
+    (``sglang/srt/entrypoints/engine.py``, 0.5.3 and 0.5.23), with the scheduler in another process, so
+    there is no point between decode steps to ask ``swap()``; ``Engine`` has no ``pause_generation``
+    in either release. ``TokenizerManager.pause_generation`` (0.5.3: aborts everything; 0.5.23: modes
+    ``abort``, ``retract`` (requests back to the waiting queue, KV recomputed after
+    ``continue_generation``) and ``in_place`` (old KV cache kept), ``managers/io_struct.py``
+    ``PauseGenerationReqInput``) serves the HTTP server's event loop; driving it beside
+    ``async_generate`` is not built.
+    """
+    return (
+        f"sglang {version} cannot swap weights during generate (the offline Engine has no pause_generation); "
+        "use the HF or vLLM rollout engine for in-flight weight updates"
+    )
 
 
 def _rank() -> int:
