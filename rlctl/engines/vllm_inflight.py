@@ -40,10 +40,12 @@ from rlctl.engines.inflight import KV_ON_SWAP, Swap
 _request_ids = itertools.count()
 
 
-def swap_gap(llm, version: str, kv_on_swap: str, async_scheduling: object) -> str | None:
+def swap_gap(llm, version: str, kv_on_swap: str, async_scheduling: object, tp: int = 1) -> str | None:
     """None when this vLLM can swap weights between decode steps as asked; else why not (one line)."""
     if kv_on_swap not in KV_ON_SWAP:
         return f"kv_on_swap must be one of {KV_ON_SWAP}, got {kv_on_swap!r}"
+    if tp > 1:  # every TP rank would have to take the same swap at the same step: not built
+        return "in-flight weight swaps on vLLM need rollout.tensor_parallel = 1"
     engine = getattr(llm, "llm_engine", None)
     missing = [m for m in ("add_request", "step", "has_unfinished_requests") if not hasattr(engine, m)]
     if missing:

@@ -233,7 +233,7 @@ class VLLMRolloutEngine(VLLMTensorParallel):
         if self.asleep_tags:
             raise RunError("vLLM rollout engine is asleep; call wake() before generate()")
         if swap is not None:
-            gap = swap_gap(self.llm, str(self.version), kv_on_swap, self._async_scheduling)
+            gap = swap_gap(self.llm, str(self.version), kv_on_swap, self._async_scheduling, self.tp)
             if gap is not None:
                 raise UserError(gap)
         stop = stop_token_ids(eos_token_id)

@@ -143,13 +143,37 @@ def test_version_without_swap_tags_every_token(monkeypatch, tmp_path, models, pa
 
 
 @pytest.mark.parametrize("version", ["0.5.3", "0.5.23"])
-def test_sglang_swap_refused_naming_the_version(monkeypatch, tmp_path, models, version):
+def test_sglang_swap_between_calls_carries_both_versions(monkeypatch, tmp_path, models, version):
+    """SGLang: each request decodes ``swap_every`` tokens per Engine.generate call; after a swap it goes
+    on as prompt + its tokens so far, prefilled under the new weights (the radix cache flushed), so
+    each token's log-prob is the score of the weights it was sampled with."""
+    engine, calls = _build(monkeypatch, tmp_path, models, "sglang", version)
+    engine.swap_every = SWAP_AFTER
+    swap, asked = _swap_once(FSDPTrainEngine(models[1]).export_weights("full"), after=1)
+    out = _gen(engine, version=3, swap=swap)
+    assert out["response_mask"].sum(-1).tolist() == [STEPS] * 4
+    expected = torch.tensor([3] * SWAP_AFTER + [4] * (STEPS - SWAP_AFTER)).expand(4, -1)
+    assert torch.equal(out["token_versions"], expected)
+    gens = [c for c in calls if c[0] == "generate"]
+    assert len(gens) == 3  # 8 tokens in calls of 3, 3, 2
+    first, second = gens[0][1], gens[1][1]
+    responses = out["responses"].tolist()
+    assert [ids[len(p) :] for ids, p in zip(second, first, strict=True)] == [
+        r[:SWAP_AFTER] for r in responses
+    ]
+    got = out["rollout_log_probs"]
+    old, new = _scores(models[0], out), _scores(models[1], out)
+    torch.testing.assert_close(got[:, :SWAP_AFTER], old[:, :SWAP_AFTER], atol=1e-5, rtol=0)
+    torch.testing.assert_close(got[:, SWAP_AFTER:], new[:, SWAP_AFTER:], atol=1e-5, rtol=0)
+    assert asked["n"] == 2  # asked after each call that left requests running
+
+
+@pytest.mark.parametrize("version", ["0.5.3", "0.5.23"])
+def test_sglang_keep_refused_naming_the_version(monkeypatch, tmp_path, models, version):
     engine, calls = _build(monkeypatch, tmp_path, models, "sglang", version)
     swap, asked = _swap_once([])
-    with pytest.raises(
-        UserError, match="^sglang " + re.escape(version) + " cannot swap weights during generate"
-    ):
-        _gen(engine, version=0, swap=swap)
+    with pytest.raises(UserError, match="^sglang " + re.escape(version) + " cannot keep the old KV cache"):
+        _gen(engine, version=0, swap=swap, kv_on_swap="keep")
     assert asked["n"] == 0 and not any(c[0] == "generate" for c in calls)
 
 
