@@ -177,6 +177,14 @@ class RolloutSection:
         0.5, "vLLM/SGLang memory fraction (the HF engine reads none; leave it at 0.5).", gt=0, le=1
     )
     val_temperature: float = field(0.0, "Validation temperature (0 = greedy).", ge=0)
+    delta_sync: bool = field(
+        False,
+        "Weight syncs and pushes send only the elements that changed since the rollout copy's "
+        "version (per tensor the smallest of index or bitmask positions with values or int8 steps, "
+        "or whole); full after a start, a resume or a version gap. Pays with a bf16 rollout copy "
+        "(platform.dtype). HF engine, tensor-parallel 1, no LoRA; one rank in sync mode "
+        "(docs/async-rollouts.md).",
+    )
     engine_kwargs: dict[str, Any] = field(
         {},
         "Extra keywords for the vllm/sglang engine, a TOML table (e.g. {max_model_len = 4096, "

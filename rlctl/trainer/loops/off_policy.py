@@ -49,6 +49,7 @@ from rlctl.trainer.setup.context import RunContext
 from rlctl.trainer.state.fingerprint import merge_push_metrics
 from rlctl.trainer.step.memory import peak_memory_metrics
 from rlctl.trainer.step.stages import StageTimer
+from rlctl.trainer.workers.delta_push import DELTA_KEYS
 from rlctl.trainer.workers.rollout import spawn_rollout_group
 
 log = get_logger("rlctl.trainer")
@@ -77,16 +78,40 @@ class ConsumedPosition:
         self.consumed = None
 
 
-def staleness_metrics(versions: torch.Tensor, step: int) -> dict[str, float]:
-    """``async/*``: how many policy versions the step's samples lag the policy they train."""
+def staleness_metrics(
+    versions: torch.Tensor, step: int, tokens: torch.Tensor | None = None, mask: torch.Tensor | None = None
+) -> dict[str, float]:
+    """``async/*``: how many policy versions the step's samples lag the policy they train; with
+    per-token versions (``tokens``, ``mask`` the response mask) ``async/staleness_min/mean/max``
+    are over response tokens (a sequence whose weights were swapped mid-generation counts each
+    token at its own version), else over sequences."""
     lag = (step - versions).float()
-    return {
+    out = {
         "async/staleness_mean": lag.mean().item(),
         "async/staleness_max": lag.max().item(),
+        "async/staleness_min": lag.min().item(),
         "async/weight_version_min": versions.min().item(),
         "async/weight_version_max": versions.max().item(),
         "rollout/weight_version": versions.min().item(),
     }
+    if tokens is not None and mask is not None and bool(mask.any()):
+        per_token = (step - tokens)[mask.bool()].float()
+        out.update(
+            {
+                "async/staleness_mean": per_token.mean().item(),
+                "async/staleness_max": per_token.max().item(),
+                "async/staleness_min": per_token.min().item(),
+                "async/staleness_seq_mean": lag.mean().item(),
+            }
+        )
+    return out
+
+
+def _token_versions(batch: DataProto) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(per-token weight versions, response mask) of a batch, or (None, None) without them."""
+    if "token_versions" not in batch.batch:
+        return None, None
+    return batch.batch["token_versions"], batch.batch["response_mask"]
 
 
 class OffPolicyTrainer(Trainer):
@@ -110,6 +135,7 @@ class OffPolicyTrainer(Trainer):
         self.rollout_group = None
         self.pipeline: RolloutPipeline | None = None
         self._batch_versions: torch.Tensor | None = None
+        self._batch_tokens: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
         self._ready: list[Produced] = []  # batches a resumed checkpoint brought (one_step_off)
         self._push_checks: dict[str, float] = {}  # the checks of the weights the rollout workers hold
 
@@ -133,6 +159,7 @@ class OffPolicyTrainer(Trainer):
                 max_staleness=self.max_staleness(),
                 exact=self.exact,
                 ready=ready,
+                chain=self.p.rollout.delta_sync,
             ).start()
             try:
                 return super()._fit()
@@ -151,7 +178,7 @@ class OffPolicyTrainer(Trainer):
         step_s = metrics["time/step"] + publish_s
         metrics["perf/tokens_per_s"] *= metrics["time/step"] / step_s
         metrics.update({"time/publish": publish_s, "time/step": step_s, "train_time_s": self.train_time_s})
-        metrics.update(staleness_metrics(self._batch_versions, step))
+        metrics.update(staleness_metrics(self._batch_versions, step, *self._batch_tokens))
         bound = self.max_staleness()
         if metrics["async/staleness_max"] > bound:  # the pipeline's gate makes this impossible
             raise RunError(f"sample staleness {metrics['async/staleness_max']:g} above the bound {bound}")
@@ -219,6 +246,7 @@ class OffPolicyTrainer(Trainer):
         timer.seconds["wait_rollout"] = waited
         self.prompts.consumed = item.data_state
         self._batch_versions = item.batch.batch["weight_version"]
+        self._batch_tokens = _token_versions(item.batch)
         return item.batch, dict(item.counts)
 
     def generate(
@@ -238,9 +266,11 @@ class OffPolicyTrainer(Trainer):
         timer = StageTimer()
         with self.gate:
             batch, counts = Trainer.rollout(self, timer, index)
-        versions = batch.batch["weight_version"]
-        if int(versions.min()) < self.pipeline.required(index):
-            raise RunError(f"batch {index} has samples of version {int(versions.min())}, older than allowed")
+        versions, (tokens, mask) = batch.batch["weight_version"], _token_versions(batch)
+        sampled = None if tokens is None else tokens[mask.bool()]
+        oldest = int(sampled.min()) if sampled is not None and sampled.numel() else int(versions.min())
+        if oldest < self.pipeline.required(index):
+            raise RunError(f"batch {index} has samples of version {oldest}, older than allowed")
         counts = {**counts, **self._push_checks}  # the checks of the weights it was generated with
         # the rollout workers' peak, read here between their calls (from the trainer's thread the
         # call would wait behind their next generation)
@@ -250,7 +280,12 @@ class OffPolicyTrainer(Trainer):
     def _push(self, version: int, weights: LazyInput) -> None:
         """Load ``version`` into the rollout workers; each checks it (``sync/fingerprint_*``, and
         ``sync/canary_*`` where the canary is due)."""
-        self._push_checks = merge_push_metrics(self.rollout_group.update_weights(weights, version))
+        results = self.rollout_group.update_weights(weights, version)
+        if any(r.get("sync/need_full") for r in results):  # a version gap: the last published, whole
+            results = self.rollout_group.update_weights(self.ctx.policy.published_full(), version)
+        self._push_checks = merge_push_metrics(results) | {
+            k: results[0][k] for k in DELTA_KEYS if k in results[0]
+        }
 
     def _check_rollout_log_probs(self) -> None:
         r = self.p.rollout

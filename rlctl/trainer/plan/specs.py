@@ -85,6 +85,7 @@ class RolloutSpec:
     vendor: str = "cpu"  # the platform: the engine registry is keyed by it
     # the engine's keywords: the platform's engine_settings(engine) under rollout.engine_kwargs
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    delta_sync: bool = False  # rollout.delta_sync: pushes send what changed (trainer/workers/delta_push.py)
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,7 @@ def build_specs(
             rank_order=rollout_rank_order(p)[0],
             gpu_memory_utilization=p.rollout.gpu_memory_utilization,
             vendor=vendor,
+            delta_sync=p.rollout.delta_sync,
             engine_kwargs={"attn_implementation": attn}
             if rollout_engine == "hf"
             else dict(rollout_engine_kwargs or {}),
