@@ -32,6 +32,8 @@ unit-tested against fakes built from those surfaces.
 - A LoRA actor: built with ``lora``, the engine enables SGLang's LoRA and each sync loads the
   adapter alone under a new name that generate() then passes (:mod:`.sglang_lora`); the base is
   the checkpoint SGLang loaded at start. An SGLang without that API gets merged weights.
+- In-flight weight swaps (``generate(swap=...)``): generation in calls of ``swap_every`` tokens,
+  swaps between calls (:mod:`.sglang_inflight`).
 """
 
 from __future__ import annotations

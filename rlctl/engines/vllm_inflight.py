@@ -87,21 +87,25 @@ def generate_stepped(
     marks: dict[str, list[tuple[int, int]]] = {rid: [(0, version)] for rid in ids}  # (from token, version)
     final: dict[str, object] = {}
     current = version
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.request_id in seen:
-                seen[out.request_id] = len(out.outputs[0].token_ids)
-                if out.finished:
-                    final[out.request_id] = out.outputs[0]
-        running = [rid for rid in ids if rid not in final]
-        if swap is None or not running or (new := swap()) is None:
-            continue
-        current = int(new[0])
-        load(new[1])
-        if kv_on_swap == "recompute":
-            llm.reset_prefix_cache(reset_running_requests=True)
-        for rid in running:
-            marks[rid].append((seen[rid], current))
+    try:
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.request_id in seen:
+                    seen[out.request_id] = len(out.outputs[0].token_ids)
+                    if out.finished:
+                        final[out.request_id] = out.outputs[0]
+            running = [rid for rid in ids if rid not in final]
+            if swap is None or not running or (new := swap()) is None:
+                continue
+            current = int(new[0])
+            load(new[1])
+            if kv_on_swap == "recompute":
+                llm.reset_prefix_cache(reset_running_requests=True)
+            for rid in running:
+                marks[rid].append((seen[rid], current))
+    except BaseException:  # a failed swap or step: leave no request behind for the next generate
+        engine.abort_request([rid for rid in ids if rid not in final])
+        raise
     tokens, log_probs, versions = [], [], []
     for rid in ids:
         completion = final[rid]

@@ -34,6 +34,8 @@ the same ``LLM`` API, so the same adapter serves ``device="npu"``.
   adapter alone as a new ``LoRARequest`` that generate() then uses (:mod:`.vllm_lora`); the base
   is the checkpoint vLLM loaded at start (frozen, never resent). A vLLM without that API gets
   merged weights (``adapter_sync`` false, said by ``rlctl doctor``).
+- In-flight weight swaps (``generate(swap=...)``): rlctl runs vLLM's step loop itself and loads
+  weights between steps (:mod:`.vllm_inflight`).
 """
 
 from __future__ import annotations

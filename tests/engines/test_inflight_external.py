@@ -113,6 +113,19 @@ def test_vllm_keep_returns_what_the_engine_reported(monkeypatch, tmp_path, model
     assert (out["rollout_log_probs"][:, SWAP_AFTER + 1 :] - new[:, SWAP_AFTER + 1 :]).abs().max() > 1e-4
 
 
+def test_vllm_failed_swap_leaves_no_request_behind(monkeypatch, tmp_path, models):
+    """A swap that raises aborts the batch's unfinished requests, so the next generate starts clean."""
+    engine, _ = _build(monkeypatch, tmp_path, models, "vllm", "0.13.0")
+
+    def failing_swap():
+        raise RuntimeError("publisher gone")
+
+    with pytest.raises(RuntimeError, match="publisher gone"):
+        _gen(engine, version=0, swap=failing_swap, kv_on_swap="keep")
+    assert not engine.llm.llm_engine.has_unfinished_requests()
+    assert _gen(engine, version=1)["token_versions"].eq(1).all()
+
+
 def test_vllm_recompute_refused_where_reset_prefix_cache_cannot_preempt(monkeypatch, tmp_path, models):
     engine, _ = _build(monkeypatch, tmp_path, models, "vllm", "0.10.2")
     swap, asked = _swap_once([])
