@@ -40,8 +40,14 @@ from rlctl.engines.inflight import KV_ON_SWAP, Swap
 _request_ids = itertools.count()
 
 
-def swap_gap(llm, version: str, kv_on_swap: str, async_scheduling: object, tp: int = 1) -> str | None:
-    """None when this vLLM can swap weights between decode steps as asked; else why not (one line)."""
+def swap_gap(
+    llm, version: str, kv_on_swap: str, *, async_scheduling: object, stream_interval: object = 1, tp: int = 1
+) -> str | None:
+    """None when this vLLM can swap weights between decode steps as asked; else why not (one line).
+
+    ``stream_interval`` (``EngineArgs``, default 1 in 0.13.0 and 0.33.0, absent in 0.10.2) above 1
+    reports a request's tokens only every that many (``v1/engine/output_processor.py``), so the
+    tokens sampled before a swap could not be told from those after it: refused."""
     if kv_on_swap not in KV_ON_SWAP:
         return f"kv_on_swap must be one of {KV_ON_SWAP}, got {kv_on_swap!r}"
     if tp > 1:  # every TP rank would have to take the same swap at the same step: not built
@@ -50,6 +56,11 @@ def swap_gap(llm, version: str, kv_on_swap: str, async_scheduling: object, tp: i
     missing = [m for m in ("add_request", "step", "has_unfinished_requests") if not hasattr(engine, m)]
     if missing:
         return f"vllm {version} has no LLMEngine.{missing[0]}: cannot swap weights between decode steps"
+    if stream_interval not in (None, 1):
+        return (
+            f"vllm {version} with stream_interval={stream_interval!r} reports tokens in groups; "
+            "in-flight weight swaps need stream_interval = 1"
+        )
     if async_scheduling is not False:
         return (
             f"vllm {version} with async_scheduling={async_scheduling!r} may have a batch in flight between "

@@ -178,6 +178,7 @@ class VLLMRolloutEngine(VLLMTensorParallel):
         self.logprobs_mode = str(kwargs.get("logprobs_mode", "raw_logprobs"))
         # EngineArgs.async_scheduling: False by default in 0.13.0, None (on where supported) in 0.33.0
         self._async_scheduling = kwargs.get("async_scheduling", field_default(vllm.EngineArgs, "async_scheduling"))
+        self._stream_interval = kwargs.get("stream_interval", 1)  # SchedulerConfig default (0.13.0, 0.33.0)
         self.llm = vllm.LLM(model=str(model_path), **kwargs)
         self.lora = lora
         self.adapter = None if lora is None else AdapterPublisher(self.llm, lora, str(model_path))
@@ -235,7 +236,14 @@ class VLLMRolloutEngine(VLLMTensorParallel):
         if self.asleep_tags:
             raise RunError("vLLM rollout engine is asleep; call wake() before generate()")
         if swap is not None:
-            gap = swap_gap(self.llm, str(self.version), kv_on_swap, self._async_scheduling, self.tp)
+            gap = swap_gap(
+                self.llm,
+                str(self.version),
+                kv_on_swap,
+                async_scheduling=self._async_scheduling,
+                stream_interval=self._stream_interval,
+                tp=self.tp,
+            )
             if gap is not None:
                 raise UserError(gap)
         stop = stop_token_ids(eos_token_id)

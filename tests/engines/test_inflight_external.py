@@ -134,6 +134,15 @@ def test_vllm_recompute_refused_where_reset_prefix_cache_cannot_preempt(monkeypa
     assert asked["n"] == 0
 
 
+def test_vllm_stream_interval_above_one_refused(monkeypatch, tmp_path, models):
+    """Tokens reported in groups of ``stream_interval`` cannot be attributed to a version: refused."""
+    engine, _ = _build(monkeypatch, tmp_path, models, "vllm", "0.13.0", stream_interval=4)
+    swap, asked = _swap_once([])
+    with pytest.raises(UserError, match=r"^vllm 0\.13\.0 with stream_interval=4 .*stream_interval = 1$"):
+        _gen(engine, version=0, swap=swap, kv_on_swap="keep")
+    assert asked["n"] == 0
+
+
 def test_vllm_async_scheduling_default_refused(monkeypatch, tmp_path, models):
     """0.33.0's EngineArgs.async_scheduling defaults to None (on where supported): a batch may be in
     flight between steps, so a swap is refused in one line naming the version and the fix."""
