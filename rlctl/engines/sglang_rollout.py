@@ -214,7 +214,7 @@ class SGLangRolloutEngine(SGLangTensorParallel):
         requests decode ``swap_every`` tokens per call and ``swap()`` is asked between calls."""
         if self.asleep_tags:
             raise RunError("SGLang rollout engine is asleep; call wake() before generate()")
-        if swap is not None and kv_on_swap not in KV_ON_SWAP:
+        if kv_on_swap not in KV_ON_SWAP:  # checked with or without a swap, as the HF engine does
             raise UserError(f"kv_on_swap must be one of {KV_ON_SWAP}, got {kv_on_swap!r}")
         if swap is not None and kv_on_swap != "recompute":
             raise UserError(keep_refusal(str(self.version)))

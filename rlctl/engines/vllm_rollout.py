@@ -56,7 +56,7 @@ from rlctl.engines.external_version import (
     only_known,
     release,
 )
-from rlctl.engines.inflight import Swap
+from rlctl.engines.inflight import KV_ON_SWAP, Swap
 from rlctl.engines.lora import LoraSpec, is_adapter
 from rlctl.engines.registry import register_engine
 from rlctl.engines.rollout_batch import (
@@ -235,6 +235,8 @@ class VLLMRolloutEngine(VLLMTensorParallel):
         between vLLM's engine steps and its weights load in place while the requests keep running."""
         if self.asleep_tags:
             raise RunError("vLLM rollout engine is asleep; call wake() before generate()")
+        if kv_on_swap not in KV_ON_SWAP:  # checked with or without a swap, as the HF engine does
+            raise UserError(f"kv_on_swap must be one of {KV_ON_SWAP}, got {kv_on_swap!r}")
         if swap is not None:
             gap = swap_gap(
                 self.llm,

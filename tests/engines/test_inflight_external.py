@@ -190,6 +190,13 @@ def test_sglang_swap_between_calls_carries_both_versions(monkeypatch, tmp_path, 
     assert asked["n"] == 2  # asked after each call that left requests running
 
 
+@pytest.mark.parametrize("package,version", [("vllm", "0.13.0"), ("sglang", "0.5.23")])
+def test_unknown_kv_on_swap_refused(monkeypatch, tmp_path, models, package, version):
+    engine, _ = _build(monkeypatch, tmp_path, models, package, version)
+    with pytest.raises(UserError, match=r"^kv_on_swap must be one of \('recompute', 'keep'\), got 'drop'$"):
+        _gen(engine, version=0, kv_on_swap="drop")
+
+
 @pytest.mark.parametrize("version", ["0.5.3", "0.5.23"])
 def test_sglang_keep_refused_naming_the_version(monkeypatch, tmp_path, models, version):
     engine, calls = _build(monkeypatch, tmp_path, models, "sglang", version)
