@@ -29,10 +29,10 @@ import time
 
 import torch
 
-from rlctl.dispatch import DataProto, Dispatch, Worker, WorkerGroup, register, spawn_colocated
+from rlctl.dispatch import DataProto, Dispatch, Worker, WorkerGroup, register, remote, spawn_colocated
 from rlctl.dispatch.pool import ResourcePool
 from rlctl.engines.weight_delta import Tally
-from rlctl.trainer.plan.specs import PolicySpec, specs_from_plan
+from rlctl.trainer.plan.specs import PolicySpec
 from rlctl.trainer.state.canary import SyncCanary
 from rlctl.trainer.state.fingerprint import SyncCheck
 from rlctl.trainer.workers.delta_push import fail
@@ -128,11 +128,20 @@ class RolloutWorker(PeakMemory, Worker):
         return self.rollout.log_prob_gap(temperature=temperature, top_p=top_p, top_k=top_k)
 
 
-def spawn_rollout_group(ctx) -> tuple[WorkerGroup, ResourcePool]:
+class RolloutGroup(WorkerGroup):
+    """The driver's typed handle on the rollout workers (:mod:`rlctl.dispatch.remote`)."""
+
+    init_model = remote(RolloutWorker.init_model)
+    update_weights = remote(RolloutWorker.update_weights)
+    generate_sequences = remote(RolloutWorker.generate_sequences)
+    rollout_log_prob_gap = remote(RolloutWorker.rollout_log_prob_gap)
+    peak_memory = remote(RolloutWorker.peak_memory)
+
+
+def spawn_rollout_group(ctx) -> tuple[RolloutGroup, ResourcePool]:
     """The run's rollout workers on a pool of their own (same shape and platform as the trainer's);
     the caller shuts the group down, then releases the pool."""
     p = ctx.profile
-    specs = specs_from_plan(p, ctx.plan)  # the run's plan, not a second resolution
     c = p.cluster
     pool = ResourcePool(
         nodes=c.nodes,
@@ -141,12 +150,13 @@ def spawn_rollout_group(ctx) -> tuple[WorkerGroup, ResourcePool]:
         runtime=ctx.platform.runtime_spec(),
         name="rollout",
     )
-    group = spawn_colocated(
+    group: RolloutGroup = spawn_colocated(  # type: ignore[assignment]  # handles= makes it one
         pool,
         {"rollout": RolloutWorker},
         mesh={"dp": pool.world_size},
         backend=c.backend,
-        init_kwargs={"rollout": {"spec": specs.policy}},
+        init_kwargs={"rollout": {"spec": ctx.plan.policy.spec}},  # the run's plan, not a second resolution
+        handles={"rollout": RolloutGroup},
         env=ctx.plan.env,
         address=c.address,
         default_timeout=c.call_timeout_s,
