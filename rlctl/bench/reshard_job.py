@@ -123,6 +123,7 @@ def _trainer_sync(job: dict, rank: int, world: int):
     from rlctl.dispatch.mesh import Mesh
     from rlctl.dispatch.worker import WorkerContext
     from rlctl.engines.registry import get_engine
+    from rlctl.profile.schema import RolloutSection
     from rlctl.trainer.plan.specs import RolloutSpec
     from rlctl.trainer.workers.roles import PolicyWorker
 
@@ -136,7 +137,7 @@ def _trainer_sync(job: dict, rank: int, world: int):
     tp = {"tensor_parallel_size": q, "rank_order": order} if q > 1 else {}
     if q > 1:  # no loss or canary: the bench checks every byte itself
         worker.spec = types.SimpleNamespace(
-            rollout=RolloutSpec(tensor_parallel_size=q, rank_order=order), lora=None
+            rollout=RolloutSpec(section=RolloutSection(tensor_parallel=q), rank_order=order), lora=None
         )
     worker.actor = get_engine("train", model_type, "fsdp2", "cpu")(path, device="cpu", dtype="bfloat16")
     worker.rollout = get_engine("rollout", model_type, "hf", "cpu")(

@@ -21,6 +21,7 @@ from rlctl.engines.fsdp_train import FSDPTrainEngine
 from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.engines.numerics import log_prob_tolerance
 from rlctl.errors import RunError
+from rlctl.profile.schema import RolloutSection
 from rlctl.trainer.plan.specs import RolloutSpec
 from rlctl.trainer.workers.roles import PolicyWorker
 from tests.engines.helpers import EOS, PAD, free_port, make_model
@@ -36,7 +37,7 @@ def _worker(world: int, tp: int, order: str, model_dir: str, rank: int) -> Polic
     )  # fmt: skip
     worker.spec = types.SimpleNamespace(
         engine=types.SimpleNamespace(mixed_precision=None, dtype="float32", offload=False),
-        rollout=RolloutSpec(tensor_parallel_size=tp, rank_order=order),
+        rollout=RolloutSpec(section=RolloutSection(tensor_parallel=tp), rank_order=order),
         lora=None,
     )
     worker.actor = FSDPTrainEngine(model_dir)

@@ -41,6 +41,7 @@ def _run(rank: int, world: int, port: int, version: str, model_dir: str, out: st
     from rlctl.engines.fsdp_train import FSDPTrainEngine
     from rlctl.engines.sglang_rollout import SGLangRolloutEngine
     from rlctl.errors import RunError
+    from rlctl.profile.schema import RolloutSection
     from rlctl.trainer.plan.specs import RolloutSpec
     from rlctl.trainer.workers.roles import PolicyWorker
 
@@ -57,7 +58,7 @@ def _run(rank: int, world: int, port: int, version: str, model_dir: str, out: st
         )  # fmt: skip
         worker.spec = types.SimpleNamespace(  # with the engine's settings: the canary runs
             engine=types.SimpleNamespace(mixed_precision=None, dtype="float32", offload=False),
-            rollout=RolloutSpec(tensor_parallel_size=2),
+            rollout=RolloutSpec(section=RolloutSection(tensor_parallel=2)),
             lora=None,
         )
         worker.actor = FSDPTrainEngine(model_dir)
@@ -186,6 +187,7 @@ def test_replica_gpu_ids_refuse_devices_the_engine_cannot_address(monkeypatch):
 def test_sglang_tp_asks_the_pool_for_the_node_devices(tmp_path):
     """SGLang at TP > 1 drives its replica from one rank, so its pool leaves the node's devices
     visible; at TP 1, and for the engines where every rank holds its own piece, it does not."""
+    from rlctl.profile.schema import RolloutSection
     from rlctl.trainer.plan.specs import RolloutSpec
     from rlctl.trainer.workers.rollout_engines import needs_node_devices
 
@@ -194,7 +196,7 @@ def test_sglang_tp_asks_the_pool_for_the_node_devices(tmp_path):
     def spec(engine: str, tp: int, vendor: str = "nvidia"):
         return types.SimpleNamespace(
             engine=types.SimpleNamespace(model_path=model, device_type="cuda"),
-            rollout=RolloutSpec(engine=engine, tensor_parallel_size=tp, vendor=vendor),
+            rollout=RolloutSpec(engine=engine, section=RolloutSection(tensor_parallel=tp), vendor=vendor),
         )
 
     assert needs_node_devices(spec("sglang", 2)) and needs_node_devices(spec("sglang", 4, "rocm"))

@@ -132,6 +132,7 @@ def _run(rank: int, world: int, port: int, version: str, model_dir: str, out: st
     from rlctl.engines.fsdp_train import FSDPTrainEngine
     from rlctl.engines.vllm_rollout import VLLMRolloutEngine
     from rlctl.errors import RunError
+    from rlctl.profile.schema import RolloutSection
     from rlctl.trainer.plan.specs import RolloutSpec
     from rlctl.trainer.workers.roles import PolicyWorker
 
@@ -147,7 +148,7 @@ def _run(rank: int, world: int, port: int, version: str, model_dir: str, out: st
         )  # fmt: skip
         worker.spec = types.SimpleNamespace(  # with the engine's settings: the canary runs
             engine=types.SimpleNamespace(mixed_precision=None, dtype="float32", offload=False),
-            rollout=RolloutSpec(tensor_parallel_size=2),
+            rollout=RolloutSpec(section=RolloutSection(tensor_parallel=2)),
             lora=None,
         )
         worker.actor = FSDPTrainEngine(model_dir)

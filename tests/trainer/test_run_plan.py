@@ -174,6 +174,28 @@ def test_workers_are_built_from_the_plan_not_resolved_again(monkeypatch, tmp_pat
     assert set(handed) == {"policy"} and handed["policy"]["spec"] is policy
 
 
+def test_rollout_and_critic_specs_hold_the_profile_sections_beside_what_the_run_resolved():
+    """The rollout and critic specs carry the profile's frozen ``[rollout]`` / ``[critic]`` sections
+    themselves (not copies of their fields), next to the values the run resolved from them; plan.json
+    writes both, so ``section.engine`` says what was asked and ``engine`` what runs."""
+    from dataclasses import asdict
+
+    profile = load_profile(
+        str(REPO / "profiles/tiny-cpu.toml"),
+        ["algorithm.preset=ppo", "critic.cliprange_value=0.3", "rollout.tensor_parallel=1"],
+    )
+    plan = resolve_plan(profile)
+    rollout, critic = plan.roles["rollout"].spec, plan.roles["critic"].spec
+    assert rollout.section is profile.rollout and critic.section is profile.critic
+    assert critic.section.cliprange_value == 0.3
+    assert (critic.loss_agg_mode, critic.norm_constant) == (profile.actor.loss_agg_mode, 4.0)
+    written = plan.to_dict()["roles"]
+    assert written["rollout"]["spec"]["section"] == asdict(profile.rollout)
+    assert written["rollout"]["spec"]["section"]["engine"] == "auto"
+    assert written["rollout"]["spec"]["engine"] == plan.roles["rollout"].engine == "hf"
+    assert written["critic"]["spec"]["section"] == asdict(profile.critic)
+
+
 def test_pins_of_packages_the_run_uses_fail_the_plan(tmp_path):
     """The trainer preflight: a fail-severity pin violated on a package a role runs FAILs the plan
     (train refuses it); one on a package the run does not use is a WARN line."""

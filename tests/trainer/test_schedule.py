@@ -13,7 +13,7 @@ from rlctl.dispatch.modes import get_mode, plan_call
 from rlctl.dispatch.worker import WorkerContext, WorkerHost
 from rlctl.engines.optim import OptimConfig, lr_lambda
 from rlctl.profile.schema import ActorSection
-from rlctl.trainer.plan.specs import ActorLossSpec, EngineSpec, PolicySpec, UpdateSpec, build_specs
+from rlctl.trainer.plan.specs import ActorLossSpec, EngineSpec, PolicySpec, build_specs
 from rlctl.trainer.step.minibatch import layout_mini_batches
 from rlctl.trainer.step.stages import for_workers
 from rlctl.trainer.workers.roles import PolicyWorker
@@ -29,8 +29,7 @@ def policy_host(model_dir: str) -> WorkerHost:
     spec = PolicySpec(
         engine=EngineSpec(model_path=model_dir, micro_batch_sequences=4),
         optim=OPTIM,
-        loss=ActorLossSpec(ActorSection(skip_zero_advantage=False)),
-        update=UpdateSpec(ppo_epochs=2),
+        loss=ActorLossSpec(ActorSection(skip_zero_advantage=False, ppo_epochs=2)),
     )
     host = WorkerHost(0, 1, in_process=True)
     ctx = WorkerContext("policy", 0, 1, 0, 1, Mesh.of(None, 1), "127.0.0.1", 0, in_process=True)
@@ -115,7 +114,6 @@ def test_critic_seq_mean_token_sum_norm_does_not_follow_the_trimmed_width():
     spec = CriticSpec(
         engine=EngineSpec(model_path="-"),
         optim=OptimConfig(),
-        update=UpdateSpec(),
         loss_agg_mode="seq-mean-token-sum-norm",
         norm_constant=8.0,
     )

@@ -37,8 +37,8 @@ TOL = 1e-5
 
 def _specs(actor_dir: str, critic_dir: str):
     from rlctl.engines.optim import OptimConfig
-    from rlctl.profile.schema import ActorSection
-    from rlctl.trainer.plan.specs import ActorLossSpec, CriticSpec, EngineSpec, PolicySpec, UpdateSpec
+    from rlctl.profile.schema import ActorSection, CriticSection, RolloutSection
+    from rlctl.trainer.plan.specs import ActorLossSpec, CriticSpec, EngineSpec, PolicySpec, RolloutSpec
 
     optim = OptimConfig(lr=0.0, weight_decay=0.0, grad_clip=0.0)
     policy = PolicySpec(
@@ -55,13 +55,12 @@ def _specs(actor_dir: str, critic_dir: str):
             ),
             norm_constant=float(WIDTH),
         ),
-        update=UpdateSpec(ppo_epochs=1, temperature=TEMPERATURE),
+        rollout=RolloutSpec(section=RolloutSection(temperature=TEMPERATURE)),
     )
     critic = CriticSpec(
         engine=EngineSpec(model_path=critic_dir, micro_batch_sequences=4),
         optim=optim,
-        update=UpdateSpec(),
-        cliprange_value=0.2,
+        section=CriticSection(cliprange_value=0.2),
         norm_constant=float(WIDTH),
     )
     return policy, critic

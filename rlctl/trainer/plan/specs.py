@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlctl.engines.engine_specs import LoraSpec, OptimConfig
-from rlctl.profile.schema import ActorSection, AlgorithmSection, Profile
+from rlctl.profile.schema import ActorSection, AlgorithmSection, CriticSection, Profile, RolloutSection
 from rlctl.trainer.plan.rollout_tp import rollout_rank_order
 
 
@@ -50,38 +50,29 @@ class ActorLossSpec:
 
 
 @dataclass(frozen=True)
-class UpdateSpec:
-    """How a worker runs one RL step's update.
-
-    The mini-batches themselves are cut on the driver (``rlctl.trainer.step.minibatch``), the same for
-    every world size; the worker takes ``ppo_epochs`` passes over them, then one LR-schedule step.
-    """
-
-    ppo_epochs: int = 1
-    temperature: float = 1.0
-
-
-@dataclass(frozen=True)
 class RolloutSpec:
-    """The rollout engine colocated with the actor."""
+    """The rollout engine colocated with the actor: the profile's ``[rollout]`` section as it is
+    (tensor_parallel, gpu_memory_utilization, delta_sync, temperature, ...) and what the run
+    resolved from it for this host."""
 
-    engine: str = "hf"
+    section: RolloutSection = RolloutSection()
+    engine: str = "hf"  # rollout.engine made concrete (auto: the platform's choice)
     dtype: str = "float32"
-    tensor_parallel_size: int = 1
     rank_order: str = "contiguous"  # TP groups over the policy's ranks (rlctl.reshard.choose_rank_order)
-    gpu_memory_utilization: float = 0.5
     vendor: str = "cpu"  # the platform: the engine registry is keyed by it
     # the engine's keywords: the platform's engine_settings(engine) under rollout.engine_kwargs
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
-    delta_sync: bool = False  # rollout.delta_sync: pushes send what changed (trainer/workers/delta_push.py)
 
 
 @dataclass(frozen=True)
 class PolicySpec:
+    """The actor and its colocated rollout engine. A step's update takes ``loss.actor.ppo_epochs``
+    passes over the driver's mini-batches (cut the same for every world size by
+    ``rlctl.trainer.step.minibatch``) at ``rollout.section.temperature``, then one LR-schedule step."""
+
     engine: EngineSpec
     optim: OptimConfig
     loss: ActorLossSpec
-    update: UpdateSpec
     rollout: RolloutSpec = RolloutSpec()
     lora: LoraSpec | None = None  # [actor.lora]: adapter training, adapter-only sync
     serves_reference: bool = False  # LoRA + KL: the reference is this model with the adapter off
@@ -90,11 +81,13 @@ class PolicySpec:
 
 @dataclass(frozen=True)
 class CriticSpec:
+    """The value model: the profile's ``[critic]`` section as it is (clip range, epochs), its
+    engine and optimiser, and the two values it takes from the actor."""
+
     engine: EngineSpec
     optim: OptimConfig
-    update: UpdateSpec
-    cliprange_value: float = 0.5
-    loss_agg_mode: str = "token-mean"
+    section: CriticSection = CriticSection()  # cliprange_value, ppo_epochs (path, lr, ... via engine/optim)
+    loss_agg_mode: str = "token-mean"  # the actor's (actor.loss_agg_mode)
     norm_constant: float | None = None  # seq-mean-token-sum-norm divisor: the actor's (max_new_tokens)
 
 
@@ -171,7 +164,6 @@ def build_specs(
         separate_rollout=p.trainer.mode != "sync",
         cpu_threads=p.platform.cpu_threads,
     )
-    update = UpdateSpec(ppo_epochs=p.actor.ppo_epochs, temperature=p.rollout.temperature)
     policy = PolicySpec(
         engine=base,
         optim=OptimConfig(
@@ -186,15 +178,12 @@ def build_specs(
         loss=ActorLossSpec(
             p.actor, p.algorithm, float(p.rollout.max_new_tokens), effective_rollout_correction(p)
         ),
-        update=update,
         rollout=RolloutSpec(
+            section=p.rollout,
             engine=rollout_engine,
             dtype=dtype,
-            tensor_parallel_size=p.rollout.tensor_parallel,
             rank_order=rollout_rank_order(p)[0],
-            gpu_memory_utilization=p.rollout.gpu_memory_utilization,
             vendor=vendor,
-            delta_sync=p.rollout.delta_sync,
             engine_kwargs={"attn_implementation": attn}
             if rollout_engine == "hf"
             else dict(rollout_engine_kwargs or {}),
@@ -231,8 +220,7 @@ def build_specs(
                 grad_clip=p.critic.grad_clip,
                 weight_decay=0.0,
             ),
-            update=UpdateSpec(ppo_epochs=p.critic.ppo_epochs, temperature=1.0),
-            cliprange_value=p.critic.cliprange_value,
+            section=p.critic,
             loss_agg_mode=p.actor.loss_agg_mode,
             norm_constant=float(p.rollout.max_new_tokens),
         )

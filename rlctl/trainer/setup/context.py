@@ -150,7 +150,7 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan) -> RunContext:
         roles,
         # generation runs over the rollout replicas (Mesh.rollout); every other stage over all ranks
         mesh=Mesh.of(None, pool.world_size).with_rollout(
-            policy.rollout.tensor_parallel_size, policy.rollout.rank_order
+            policy.rollout.section.tensor_parallel, policy.rollout.rank_order
         ),
         backend=c.backend,
         init_kwargs=init,

@@ -161,7 +161,7 @@ def make_critic_loss(spec: CriticSpec) -> LossFn:
             mb["returns"],
             mb["values"],
             mask,
-            spec.cliprange_value,
+            spec.section.cliprange_value,
             spec.loss_agg_mode,
             **_agg(scale, spec.norm_constant),
         )

@@ -24,7 +24,7 @@ def rollout_layout(spec: Any) -> tuple[int, str]:
     """(tensor-parallel degree, TP group order) of a policy spec's rollout; (1, contiguous) for a
     worker without one (the reshard bench's)."""
     rollout = getattr(spec, "rollout", None)
-    return (rollout.tensor_parallel_size, rollout.rank_order) if rollout else (1, "contiguous")
+    return (rollout.section.tensor_parallel, rollout.rank_order) if rollout else (1, "contiguous")
 
 
 def planned_sync(

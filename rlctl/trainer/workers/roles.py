@@ -107,7 +107,7 @@ class PolicyWorker(PeakMemory, Worker):
         self.actor = _train_engine(self, spec.engine, optim=spec.optim, lora=spec.lora)
         self.rollout = rollout_engine(spec, actor=self.actor if self.world_size == 1 else None)
         self.actor_loss = make_actor_loss(spec.loss)
-        if spec.rollout.delta_sync and not delta_ready(self.rollout):
+        if spec.rollout.section.delta_sync and not delta_ready(self.rollout):
             raise UserError(f"rollout.delta_sync = true: {type(self.rollout).__name__} takes full weights only")
         self.delta_base = False  # the rollout copy holds the last checked sync (delta syncs may start)
         self.sync_weights()
@@ -170,13 +170,13 @@ class PolicyWorker(PeakMemory, Worker):
         metrics, parts = [], BatchMetrics()
         self.rollout.sleep()  # colocated: the rollout engine's memory goes to training until the sync
         with self._actor_on_device():
-            for _ in range(self.spec.update.ppo_epochs):
+            for _ in range(self.spec.loss.actor.ppo_epochs):
                 for mini in minis:
                     metrics.append(
                         self.actor.train_batch(
                             mini,
                             self.actor_loss,
-                            temperature=self.spec.update.temperature,
+                            temperature=self.spec.rollout.section.temperature,
                             step_schedule=False,
                             skip_rows=zero_gradient_rows(self.spec.loss, mini),
                         )
@@ -228,7 +228,7 @@ class PolicyWorker(PeakMemory, Worker):
             checked = {}
             salt = self._sync_check().next_salt(self.rollout)
             self.rollout.update_weights(sent(without(merged_stream(self.actor, lora, checked, salt), skip)))
-        elif self.world_size == 1 and self.spec.rollout.delta_sync and self.delta_base:
+        elif self.world_size == 1 and self.spec.rollout.section.delta_sync and self.delta_base:
             delta, bad = colocated_delta_sync(without(self.actor.export_weights("full"), skip), self.rollout)
             fail(bad, f"weight sync {self._sync_check().version + 1}", self.rank)
         elif self.world_size == 1:
@@ -245,7 +245,7 @@ class PolicyWorker(PeakMemory, Worker):
             params=None if checked is None else list(checked.items()),
         )
         out["sync/bytes"] = float(sent.bytes)
-        if getattr(self, "spec", None) is not None and self.spec.rollout.delta_sync:
+        if getattr(self, "spec", None) is not None and self.spec.rollout.section.delta_sync:
             out.update(delta or {"sync/delta": 0.0})  # a full sync: at start, after a load
             self.delta_base = True
         if stats:  # what the planned move held beyond the two layouts (buffers + unfinished outputs)
@@ -279,7 +279,7 @@ class PolicyWorker(PeakMemory, Worker):
                 stream = self.actor.export_adapter()
             else:
                 stream = merged_stream(self.actor, self.spec.lora, {})
-            if self.spec.rollout.delta_sync:  # rank 0 encodes; the others only join the gathers
+            if self.spec.rollout.section.delta_sync:  # rank 0 encodes; the others only join the gathers
                 out = self._publish_delta(stream, version)
             else:
                 out = PublishedWeights({name: t.detach().to("cpu", copy=True) for name, t in stream})
@@ -371,7 +371,7 @@ class CriticWorker(PeakMemory, Worker):
         """One RL step of the value model, laid out and scheduled like ``update_actor``."""
         minis = _mini_batches(batch, _train_view(batch, "values", "returns"))
         metrics, parts = [], BatchMetrics()
-        for _ in range(self.spec.update.ppo_epochs):
+        for _ in range(self.spec.section.ppo_epochs):
             for mini in minis:
                 metrics.append(self.critic.train_batch(mini, self.critic_loss, step_schedule=False))
                 parts.add(getattr(self.critic, "metric_parts", {}))

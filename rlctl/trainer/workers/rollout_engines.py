@@ -24,7 +24,7 @@ def needs_node_devices(spec: Any) -> bool:
     an engine that drives a whole tensor-parallel replica from one rank (SGLang at TP > 1, its
     ``node_devices_at_tp``). The worker pool then asks Ray not to narrow visibility."""
     r = spec.rollout
-    if r.tensor_parallel_size <= 1:
+    if r.section.tensor_parallel <= 1:
         return False
     cls = get_engine("rollout", _model_type(spec.engine.model_path), r.engine, spec.engine.device_type, r.vendor)
     return bool(getattr(cls, "node_devices_at_tp", False))
@@ -51,15 +51,15 @@ def rollout_engine(spec: Any, actor: Any = None) -> Any:
             value_head=False,
         )
         source, extra = lora_lib.shared_base_model(actor.model, lora_lib.inject(meta, lora, on_meta=True)), {}
-    if r.tensor_parallel_size > 1:  # only engines that split themselves take the TP layout
+    if r.section.tensor_parallel > 1:  # only engines that split themselves take the TP layout
         extra["rank_order"] = r.rank_order
     return cls(
         source,
         device=spec.engine.device_type,
         dtype=r.dtype,
         trust_remote_code=spec.engine.trust_remote_code,
-        tensor_parallel_size=r.tensor_parallel_size,
-        gpu_memory_utilization=r.gpu_memory_utilization,
+        tensor_parallel_size=r.section.tensor_parallel,
+        gpu_memory_utilization=r.section.gpu_memory_utilization,
         seed=spec.engine.seed,
         **r.engine_kwargs,  # the platform's settings for this engine (the HF engine: attn_implementation)
         **extra,
