@@ -22,6 +22,11 @@ Driver::
     ref = groups["ref"].compute_ref_log_prob(gen, timeout=600)   # ranks fetch gen's outputs themselves
     batch = gen.get().union(ref)
 
+Typed handles: a ``WorkerGroup`` subclass declaring the methods the driver calls,
+``compute_log_prob = remote(ActorWorker.compute_log_prob)``, passed as
+``spawn_colocated(..., handles={"actor": ActorGroup})``, makes ``groups["actor"].compute_log_prob``
+resolve statically to the worker's method (:mod:`rlctl.dispatch.remote`).
+
 Failures raise ``WorkerError`` (a ``RunError``; ``.role``, ``.method``, ``.rank``, remote
 traceback; ``.with_step(step)``), ``WorkerDiedError`` for a dead process, ``CallTimeoutError``.
 """
@@ -33,6 +38,7 @@ from rlctl.dispatch.mesh import Mesh
 from rlctl.dispatch.modes import Dispatch, Execute, register, register_dispatch_mode
 from rlctl.dispatch.pool import ResourcePool
 from rlctl.dispatch.proto import DataProto
+from rlctl.dispatch.remote import remote
 from rlctl.dispatch.worker import Worker, WorkerContext
 
 __all__ = [
@@ -50,5 +56,6 @@ __all__ = [
     "WorkerGroup",
     "register",
     "register_dispatch_mode",
+    "remote",
     "spawn_colocated",
 ]

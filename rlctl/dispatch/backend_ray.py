@@ -18,6 +18,7 @@ from rlctl.dispatch.errors import CallTimeoutError, WorkerDiedError, WorkerError
 from rlctl.dispatch.futures import CallInfo, LazyInput, Shard
 from rlctl.dispatch.pool import ResourcePool
 from rlctl.dispatch.proto import DataProto
+from rlctl.dispatch.ray_devices import noset_env
 from rlctl.dispatch.worker import WorkerHost
 from rlctl.errors import RunError
 from rlctl.log import get_logger
@@ -112,6 +113,9 @@ class RayBackend:
 
         connect(self.address)
         actor_cls = ray.remote(RayHost)
+        runtime = pool.runtime_spec()
+        if pool.node_devices:  # the vendor's RAY_EXPERIMENTAL_NOSET_* in each worker's environment
+            env = {**(env or {}), **noset_env(runtime, f"resource pool {pool.name or '(unnamed)'}")}
         hosts = []
         for node, pg in enumerate(pool.placement_groups()):
             for b in range(pool.devices_per_node):
@@ -124,7 +128,11 @@ class RayBackend:
                 )
                 if env:
                     opts["runtime_env"] = {"env_vars": dict(env)}
-                hosts.append(actor_cls.options(**opts).remote(rank, pool.world_size, env))
+                hosts.append(
+                    actor_cls.options(**opts).remote(
+                        rank, pool.world_size, env, runtime=runtime, node_devices=pool.node_devices
+                    )
+                )
         infos = self.gather(
             CallInfo("(host)", "start"),
             {r: h.info.remote() for r, h in enumerate(hosts)},

@@ -16,6 +16,7 @@ from rlctl.dispatch.futures import CallInfo, DispatchFuture
 from rlctl.dispatch.mesh import Mesh
 from rlctl.dispatch.modes import Execute, MethodSpec, get_mode, plan_call, registered_methods
 from rlctl.dispatch.pool import ResourcePool
+from rlctl.dispatch.remote import declared_methods
 from rlctl.dispatch.worker import WorkerContext
 from rlctl.errors import UserError
 
@@ -113,13 +114,30 @@ class WorkerGroup:
         return wg
 
     def _bind_methods(self) -> None:
+        """A typed handle's declared methods (:mod:`.remote`) must be the worker's; any other
+        ``@register`` method is attached by name (``wg.<method>``)."""
         self.methods = registered_methods(self.worker_cls)
+        declared = declared_methods(type(self))
+        missing = sorted(set(declared) - set(self.methods))
+        if missing:
+            raise UserError(
+                f"{type(self).__name__} declares {', '.join(missing)}, which {self.worker_cls.__name__} "
+                "has no @register method for"
+            )
         for name, spec in self.methods.items():
-            if name in type(self).__dict__ or name in ("pids", "mesh", "role", "methods", "worker_cls"):
+            if name in declared:
+                continue
+            if name in WorkerGroup.__dict__ or name in ("pids", "mesh", "role", "methods", "worker_cls"):
                 raise UserError(
                     f"{self.worker_cls.__name__}.{name} clashes with a WorkerGroup attribute; rename it"
                 )
             setattr(self, name, GroupMethod(self, name, spec))
+
+    def method(self, name: str) -> GroupMethod:
+        """``wg.<name>`` as a callable (a typed handle's declared methods come through here)."""
+        if name not in self.methods:
+            raise AttributeError(f"{self.worker_cls.__name__} has no @register method {name!r}")
+        return GroupMethod(self, name, self.methods[name])
 
     # ---- properties ----------------------------------------------------------------------------
     @property
@@ -197,17 +215,23 @@ def spawn_colocated(
     meshes: Mapping[str, Mapping[str, int]] | None = None,
     default_timeout: float | None = None,
     init_timeout: float | None = 600.0,
+    handles: Mapping[str, type[WorkerGroup]] | None = None,
 ) -> dict[str, WorkerGroup]:
     """One process per device of ``pool`` holding every role in ``roles`` (constructed in order).
 
     ``mesh`` applies to all roles unless ``meshes[role]`` overrides it (e.g. rollout tp=2 next to an
-    actor with dp=4 on the same 4 devices). Returns ``{role: WorkerGroup}``.
+    actor with dp=4 on the same 4 devices). ``handles[role]``: the typed handle class (a
+    ``WorkerGroup`` subclass declaring the worker's methods, :mod:`.remote`) the role's group is.
+    Returns ``{role: WorkerGroup}``.
     """
     if not roles:
         raise UserError("spawn_colocated needs at least one role")
-    unknown = set(init_kwargs or {}) - set(roles) | set(meshes or {}) - set(roles)
+    named = set(init_kwargs or {}) | set(meshes or {}) | set(handles or {})
+    unknown = named - set(roles)
     if unknown:
-        raise UserError(f"init_kwargs/meshes name roles {sorted(unknown)} that are not in {sorted(roles)}")
+        raise UserError(
+            f"init_kwargs/meshes/handles name roles {sorted(unknown)} that are not in {sorted(roles)}"
+        )
     role_meshes = {}
     for role in roles:
         spec = (meshes or {}).get(role, mesh)
@@ -216,8 +240,8 @@ def spawn_colocated(
         except ValueError as exc:
             raise UserError(f"role {role!r}: {exc}") from None
     be = make_backend(backend, address)
-    handles, infos = be.spawn_hosts(pool, dict(env or {}))
-    hosts = _Hosts(be, handles, infos)
+    processes, infos = be.spawn_hosts(pool, dict(env or {}))
+    hosts = _Hosts(be, processes, infos)
     master_addr, master_port = infos[0]["ip"], int(infos[0]["free_port"])
     device = pool.runtime_spec()
     groups: dict[str, WorkerGroup] = {}
@@ -239,9 +263,10 @@ def spawn_colocated(
                 )
                 for r in range(pool.world_size)
             ]
-            pids = be.add_role(handles, cls, dict((init_kwargs or {}).get(role, {})), ctxs, init_timeout)
-            groups[role] = WorkerGroup._attach(hosts, cls, role, role_meshes[role], pids, default_timeout)
+            pids = be.add_role(processes, cls, dict((init_kwargs or {}).get(role, {})), ctxs, init_timeout)
+            handle = (handles or {}).get(role, WorkerGroup)
+            groups[role] = handle._attach(hosts, cls, role, role_meshes[role], pids, default_timeout)
     except BaseException:
-        be.kill(handles)
+        be.kill(processes)
         raise
     return groups

@@ -30,6 +30,10 @@ class ResourcePool:
     name: str = ""
     ready_timeout_s: float = 120.0
     runtime: RuntimeSpec | None = None  # the platform's devices (``Platform.runtime_spec``); CPU if None
+    # every worker sees its node's devices (Ray is asked not to narrow visibility, through the
+    # platform's RAY_EXPERIMENTAL_NOSET_* variable) and runs on the one Ray assigned it: for a
+    # rollout engine that drives a replica's devices from one rank (SGLang at TP > 1)
+    node_devices: bool = False
     _pgs: list[Any] = field(default_factory=list, repr=False, init=False)
     _node_ids: list[str] = field(default_factory=list, repr=False, init=False)
 

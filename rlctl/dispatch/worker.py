@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -158,28 +158,49 @@ class WorkerHost:
     """One device's process: the Worker instances of every role colocated there."""
 
     def __init__(
-        self, rank: int, world_size: int, env: dict[str, str] | None = None, in_process: bool = False
+        self,
+        rank: int,
+        world_size: int,
+        env: dict[str, str] | None = None,
+        in_process: bool = False,
+        runtime: RuntimeSpec | None = None,
+        node_devices: bool = False,
     ):
+        """``runtime`` (Ray hosts): the pool's devices, whose Ray-assigned id picks this host's
+        device; ``node_devices``: Ray was asked to leave the node's devices visible, so that id
+        must be found (device 0 would be every rank's)."""
         self.rank, self.world_size, self.in_process = rank, world_size, in_process
         self.workers: dict[str, Worker] = {}
         self.specs: dict[str, dict[str, Any]] = {}
         if env and not in_process:
             os.environ.update(env)
+        self.runtime, self.node_devices = runtime, node_devices
+        self.device_index: int | None = None
 
     def info(self) -> dict[str, Any]:
-        """Where this host runs, and a port that rank 0 can serve torch.distributed on."""
+        """Where this host runs, its device (the index among the devices it sees, None for the
+        first) and a port that rank 0 can serve torch.distributed on."""
+        if self.runtime is not None and not self.in_process:
+            from rlctl.dispatch.ray_devices import own_device
+
+            self.device_index = own_device(self.runtime, self.rank, self.node_devices)
+        vis = None if self.runtime is None else self.runtime.visible_devices_env
         return {
             "pid": os.getpid(),
             "ip": node_ip(),
             "node_id": None if self.in_process else node_id(),
             "hostname": socket.gethostname(),
             "free_port": free_port(),
+            "device_index": self.device_index,
+            "visible_devices": os.environ.get(vis) if vis else None,
         }
 
     def add_role(self, cls: type, init_kwargs: dict[str, Any], ctx: WorkerContext) -> int:
         """Construct ``cls`` for ``ctx.role`` with its context already in place; returns the pid."""
         if ctx.role in self.workers:
             raise ValueError(f"role {ctx.role!r} already lives on rank {self.rank}")
+        if ctx.device_index is None and self.device_index is not None:  # the device Ray assigned
+            ctx = replace(ctx, device_index=self.device_index)
         if not self.in_process:
             os.environ.update(
                 RANK=str(ctx.rank),

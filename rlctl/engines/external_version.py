@@ -51,6 +51,21 @@ def init_fields(cls: type) -> frozenset[str]:
     )
 
 
+def field_default(cls: type, name: str) -> object:
+    """The default of ``cls``'s init field ``name`` (dataclass or msgspec struct); None if it has none."""
+    if dataclasses.is_dataclass(cls):
+        for f in dataclasses.fields(cls):
+            if f.name == name:
+                return None if f.default is dataclasses.MISSING else f.default
+        return None
+    fields = getattr(cls, "__struct_fields__", None)
+    defaults = getattr(cls, "__struct_defaults__", ())
+    if fields is not None and name in fields:
+        at = list(fields).index(name) - (len(fields) - len(defaults))
+        return defaults[at] if at >= 0 else None
+    return None
+
+
 def accepts(fn: Callable, name: str) -> bool:
     """Whether ``fn`` takes a parameter called ``name`` (not counting ``**kwargs``)."""
     try:

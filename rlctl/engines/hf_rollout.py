@@ -23,6 +23,7 @@ from rlctl.devices import runtime_of
 from rlctl.engines import hf_tp
 from rlctl.engines.fingerprint import fingerprint_sharded, fingerprint_views
 from rlctl.engines.hf_model import cache_kwarg, load_causal_lm, output_cache, supports_logits_to_keep
+from rlctl.engines.inflight import KV_ON_SWAP, Swap
 from rlctl.engines.logprob import position_ids_from_mask, scaled_log_softmax, token_log_probs
 from rlctl.engines.lora import LoraSpec, inject
 from rlctl.engines.prefix import (
@@ -33,6 +34,7 @@ from rlctl.engines.prefix import (
 )
 from rlctl.engines.registry import register_engine
 from rlctl.engines.sampling import draw_uniforms, sample_tokens
+from rlctl.engines.weight_delta import TensorDelta, apply
 from rlctl.errors import RunError, UserError
 
 DROP_FRACTION = 0.25
@@ -169,8 +171,21 @@ class HFRolloutEngine:
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int = 0,
         seed: int | None = None,
+        version: int | None = None,
+        swap: Swap | None = None,
+        kv_on_swap: str = "recompute",
     ) -> dict[str, torch.Tensor]:
         """Sample ``n`` responses per left-padded prompt, stopping each row at EOS.
+
+        In-flight weight updates (:mod:`rlctl.engines.inflight`): with ``version`` given, the
+        output has ``token_versions`` (the weight version each response token was sampled with;
+        0 past the response). ``swap()`` is asked between decode steps; when it returns
+        ``(new version, (name, tensor) stream)`` the weights are loaded in place and the running
+        rows go on under them. ``kv_on_swap``: ``recompute`` runs one forward of every running row's
+        tokens so far under the new weights (its KV cache rebuilt: each later token's log-prob is
+        exactly the new weights' score of it); ``keep`` goes on with the cache of the old weights
+        (PipelineRL's choice: no extra forward; later tokens attend to keys and values the new
+        weights would not have computed, so their log-probs are not the new weights' scores).
 
         ``rollout_log_probs[i, t]`` is the log-prob of ``responses[i, t]`` under
         ``softmax(logits / temperature)`` before top-k/top-p truncation (0 past the response).
@@ -205,6 +220,10 @@ class HFRolloutEngine:
         log_probs = torch.zeros(bsz, max_new_tokens, dtype=torch.float32, device=dev)
         finished = torch.zeros(bsz, dtype=torch.bool, device=dev)
         next_pos = pmask.sum(-1, keepdim=True)
+        if kv_on_swap not in KV_ON_SWAP:
+            raise UserError(f"kv_on_swap must be one of {KV_ON_SWAP}, got {kv_on_swap!r}")
+        versions = torch.zeros(bsz, max_new_tokens, dtype=torch.long, device=dev)
+        current = 0 if version is None else int(version)
 
         logits, cache = self._prefill(prompts, pmask)
         # the rows the model still runs: all of them (a slice: views, no index copies) until the
@@ -223,6 +242,7 @@ class HFRolloutEngine:
             responses[run, t] = tok
             log_probs[run, t] = torch.where(alive, logp.gather(-1, tok[:, None]).squeeze(-1), 0.0)
             mask[run, plen + t] = alive.long()
+            versions[run, t] = alive.long() * current
             if eos.numel():
                 finished[run] = ~alive | torch.isin(tok, eos)
             if t == max_new_tokens - 1:
@@ -237,6 +257,14 @@ class HFRolloutEngine:
                 # DynamicLayer keeps keys[indices, ...] / values[indices, ...]): a copy of the cache
                 repeat_cache_rows(cache, keep)
                 run, tok = (keep if isinstance(run, slice) else run[keep]), tok[keep]
+            if swap is not None and (new := swap()) is not None:
+                current = int(new[0])
+                self.update_weights(new[1])
+                if kv_on_swap == "recompute":  # the running rows' cache, rebuilt under the new weights
+                    seen = mask[run, : plen + t + 1]
+                    ids = torch.cat([prompts[run], responses[run, : t + 1]], dim=1)
+                    logits, cache = self._step(ids, seen, position_ids_from_mask(seen), None)
+                    continue
             logits, cache = self._step(tok[:, None], mask[run, : plen + t + 1], next_pos[run] + t, cache)
 
         out = {
@@ -248,6 +276,8 @@ class HFRolloutEngine:
             "response_mask": mask[:, plen:],
             "rollout_log_probs": log_probs,
         }
+        if version is not None:
+            out["token_versions"] = versions
         # plain host tensors for the caller: inference tensors refuse in-place updates outside
         with torch.inference_mode(False):
             return {k: v.to("cpu", copy=True) for k, v in out.items()}
@@ -302,6 +332,23 @@ class HFRolloutEngine:
             target.copy_(tensor.to(device=target.device, dtype=target.dtype))
             count += 1
         return count
+
+    @torch.no_grad()
+    def apply_deltas(self, deltas: Iterable[TensorDelta]) -> list[str]:
+        """Write delta pushes (:mod:`rlctl.engines.weight_delta`) into the stored tensors in place;
+        returns the names whose read-back disagrees with what the sender meant (empty: all landed).
+        Whole tensors only: a tensor-parallel engine takes full pushes."""
+        if self.tp > 1:
+            raise RunError("apply_deltas: a tensor-parallel HF engine takes full weight pushes only")
+        params = self._named_tensors()
+        bad = []
+        for delta in deltas:
+            target = params.get(delta.name)
+            if target is None:
+                raise RunError(f"apply_deltas: the rollout model has no parameter {delta.name!r}")
+            if not apply(target, delta):
+                bad.append(delta.name)
+        return bad
 
     def weight_fingerprint(
         self, spec: Sequence[tuple[str, tuple[int, ...]]], salt: int = 0

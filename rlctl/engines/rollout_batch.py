@@ -94,3 +94,13 @@ def bucketed(stream, bucket_bytes: int):
     if bucket:
         yield bucket
 
+
+def padded_versions(versions: Sequence[Sequence[int]], max_new_tokens: int) -> torch.Tensor:
+    """Per-token weight versions right-padded with 0 to ``max_new_tokens`` (the HF engine's
+    ``token_versions``: 0 past the response)."""
+    out = torch.zeros(len(versions), max_new_tokens, dtype=torch.long)
+    for i, row in enumerate(versions):
+        row = list(row)[:max_new_tokens]
+        if row:
+            out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out

@@ -32,6 +32,8 @@ unit-tested against fakes built from those surfaces.
 - A LoRA actor: built with ``lora``, the engine enables SGLang's LoRA and each sync loads the
   adapter alone under a new name that generate() then passes (:mod:`.sglang_lora`); the base is
   the checkpoint SGLang loaded at start. An SGLang without that API gets merged weights.
+- In-flight weight swaps (``generate(swap=...)``): generation in calls of ``swap_every`` tokens,
+  swaps between calls (:mod:`.sglang_inflight`).
 """
 
 from __future__ import annotations
@@ -45,15 +47,18 @@ import torch
 from rlctl.engines.adapter_dir import split_adapter_stream
 from rlctl.engines.engine_fields import check_engine_kwargs
 from rlctl.engines.external_version import accepts, init_fields, installed_version, only_known
+from rlctl.engines.inflight import KV_ON_SWAP, Swap
 from rlctl.engines.lora import LoraSpec
 from rlctl.engines.registry import register_engine
 from rlctl.engines.rollout_batch import (
     assemble_rollout,
     bucketed,
+    padded_versions,
     row_seeds,
     stop_token_ids,
     unpadded_prompts,
 )
+from rlctl.engines.sglang_inflight import generate_chunked, keep_refusal
 from rlctl.engines.sglang_lora import (
     AdapterPublisher,
     AdapterSyncFlag,
@@ -109,6 +114,7 @@ class SGLangRolloutEngine(SGLangTensorParallel):
 
     adapter_sync = AdapterSyncFlag()
     adapter_sync_gap = staticmethod(installed_adapter_gap)
+    swap_every = 16  # tokens per Engine.generate call while in-flight swaps are asked (:mod:`.sglang_inflight`)
 
     def __init__(
         self,
@@ -197,10 +203,23 @@ class SGLangRolloutEngine(SGLangTensorParallel):
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int = 0,
         seed: int | None = None,
+        version: int | None = None,
+        swap: Swap | None = None,
+        kv_on_swap: str = "recompute",
     ) -> dict[str, torch.Tensor]:
-        """Sample through SGLang; same keys as the HF engine (``rollout_log_probs`` only when exact)."""
+        """Sample through SGLang; same keys as the HF engine (``rollout_log_probs`` only when exact).
+
+        In-flight weight updates (:mod:`rlctl.engines.inflight`, :mod:`.sglang_inflight`): with
+        ``version``, ``token_versions`` gives each response token's weight version; with ``swap``,
+        requests decode ``swap_every`` tokens per call and ``swap()`` is asked between calls."""
         if self.asleep_tags:
             raise RunError("SGLang rollout engine is asleep; call wake() before generate()")
+        if kv_on_swap not in KV_ON_SWAP:  # checked with or without a swap, as the HF engine does
+            raise UserError(f"kv_on_swap must be one of {KV_ON_SWAP}, got {kv_on_swap!r}")
+        if swap is not None and kv_on_swap != "recompute":
+            raise UserError(keep_refusal(str(self.version)))
+        if swap is not None and self.tp > 1:
+            raise UserError("in-flight weight swaps on SGLang need rollout.tensor_parallel = 1")
         stop = stop_token_ids(eos_token_id)
         exact = self.log_prob_gap(temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy) is None
         prompts = unpadded_prompts(prompt_ids, prompt_mask, n)
@@ -217,16 +236,24 @@ class SGLangRolloutEngine(SGLangTensorParallel):
             if row_seed is not None:
                 wanted["sampling_seed"] = row_seed
             params.append(only_known(wanted, self._sampling_fields))
-        outputs = self.engine.generate(
-            input_ids=prompts, sampling_params=params, return_logprob=exact, **self._lora_kwargs(len(prompts))
-        )
-        responses = [list(o["output_ids"]) for o in outputs]
-        log_probs = None
-        if exact:
-            log_probs = [
-                [float(lp) for lp, _tok, *_ in o["meta_info"]["output_token_logprobs"]] for o in outputs
-            ]
-        return assemble_rollout(
+        def call(ids: list[list[int]], sampling: list[dict]) -> list[dict]:
+            return self.engine.generate(
+                input_ids=ids, sampling_params=sampling, return_logprob=exact, **self._lora_kwargs(len(ids))
+            )
+
+        current = 0 if version is None else int(version)
+        if swap is not None:
+            responses, reported, versions = generate_chunked(
+                call, prompts, params, stop=stop, version=current, swap=swap,
+                swap_every=self.swap_every, load=self.update_weights,
+            )
+        else:
+            outputs = call(prompts, params)
+            responses = [list(o["output_ids"]) for o in outputs]
+            reported = [[float(lp) for lp, *_ in o["meta_info"]["output_token_logprobs"]] for o in outputs] if exact else []
+            versions = [[current] * len(r) for r in responses]
+        log_probs = reported if exact else None
+        out = assemble_rollout(
             prompt_ids,
             prompt_mask,
             responses,
@@ -235,6 +262,9 @@ class SGLangRolloutEngine(SGLangTensorParallel):
             max_new_tokens=max_new_tokens,
             pad_token_id=pad_token_id,
         )
+        if version is not None:
+            out["token_versions"] = padded_versions(versions, max_new_tokens)
+        return out
 
     @from_leader
     def prompt_log_probs(self, token_ids: Sequence[int]) -> torch.Tensor:

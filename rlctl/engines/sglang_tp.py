@@ -4,9 +4,12 @@ replica, on the replica's first rank; every rank of the replica feeds it the wei
 Written against SGLang 0.5.3 and 0.5.23 (paths inside the wheels); not yet run on NVIDIA hardware,
 tested against fakes whose TP ranks hold and load shards as the real loaders do.
 
-- ``Engine(tp_size=q, base_gpu_id=local_rank)`` starts one scheduler per TP rank on devices
-  ``base_gpu_id + i * gpu_id_step`` (``server_args.py``); its parameters live in those processes, out
-  of reach of a planned in-place write. So the replica's first rank holds the engine and the
+- ``Engine(tp_size=q, base_gpu_id, gpu_id_step)`` starts one scheduler per TP rank on device
+  ``base_gpu_id + i * gpu_id_step`` of those its process sees (``entrypoints/engine.py``); the first
+  rank passes the values that put scheduler ``i`` on the device of the replica's rank ``i``
+  (:func:`replica_gpu_ids`; devices not so spaced are refused). Under Ray each rank sees its node's
+  devices because the pool asks Ray not to narrow them (``node_devices_at_tp``). Its parameters live
+  in those processes, out of reach of a planned in-place write. So the replica's first rank holds the engine and the
   other ``q - 1`` ranks only feed it (as verl's SGLang rollout and SGLang's own
   ``srt/weight_sync/utils.py`` ``update_weights`` do).
 - Weights (``Engine.update_weights_from_tensor``): each TP rank's model runner unwraps a
@@ -68,10 +71,63 @@ def from_leader(method: Callable) -> Callable:
     return wrapped
 
 
+def own_device() -> tuple[str, list[str]]:
+    """This rank's device and the devices it sees, as names every rank of a node agrees on: CUDA
+    device UUIDs (``str(torch.cuda.get_device_properties(i).uuid)``: torch's ``_CUuuid.__str__``,
+    ``torch/csrc/cuda/Module.cpp``, the 8-4-4-4-12 form on CUDA and HIP); without CUDA, the local rank
+    among the node's ranks (what a rank would address if it saw the node's devices)."""
+    if torch.cuda.is_available():
+        seen = [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
+        return seen[torch.cuda.current_device()], seen
+    local, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return str(local), [str(i) for i in range(local_world)]
+
+
+def progression(devices: list[int]) -> tuple[int, int] | None:
+    """``(base_gpu_id, gpu_id_step)`` with ``devices[i] == base + i * step`` (SGLang's scheduler of
+    TP rank ``i`` runs on that device, ``entrypoints/engine.py`` 0.5.3 and 0.5.23; step >= 1, its
+    ``server_args`` check), or None where the devices are no such progression."""
+    base = devices[0]
+    step = devices[1] - base if len(devices) > 1 else 1
+    if step < 1 or any(d != base + i * step for i, d in enumerate(devices)):
+        return None
+    return base, step
+
+
+def replica_gpu_ids(tp_group, where: str) -> tuple[int, int]:
+    """The ``base_gpu_id`` and ``gpu_id_step`` that put TP rank ``i``'s scheduler on the device of
+    the replica's rank ``i``, as indices among the devices the replica's first rank sees. Every
+    rank of the replica computes the same answer (or the same one-line UserError)."""
+    import torch.distributed as dist
+
+    mine = own_device()
+    everyone: list = [None] * dist.get_world_size(tp_group)
+    dist.all_gather_object(everyone, mine, group=tp_group)
+    seen = everyone[0][1]  # what the replica's first rank, which starts the engine, sees
+    missing = [
+        f"rank {dist.get_global_rank(tp_group, i)}'s device {name}" for i, (name, _) in enumerate(everyone) if name not in seen
+    ]
+    if missing:
+        raise UserError(
+            f"{where}: the replica's first rank does not see {', '.join(missing)} (it sees {len(seen)} "
+            "device(s)); one engine drives the replica's devices, so each rank must see its node's"
+        )
+    devices = [seen.index(name) for name, _ in everyone]
+    found = progression(devices)
+    if found is None:
+        raise UserError(
+            f"{where}: the replica's devices {devices} (indices among those its first rank sees: "
+            f"{', '.join(name for name, _ in everyone)}) are not evenly spaced and ascending; SGLang puts "
+            "TP rank i on base_gpu_id + i * gpu_id_step"
+        )
+    return found
+
+
 class SGLangTensorParallel:
     """What :class:`~rlctl.engines.sglang_rollout.SGLangRolloutEngine` adds at TP > 1 (``self.tp``)."""
 
     tp: int = 1
+    node_devices_at_tp = True  # one rank starts the replica's engine: it must see the replica's devices
     engine: Any
     reshard_format = "hf"  # every rank of a replica sends full tensors: SGLang's loaders cut them
 
@@ -89,7 +145,7 @@ class SGLangTensorParallel:
         if not (dist.is_available() and dist.is_initialized()):
             raise UserError(f"{where}: no initialised process group (the replica's ranks feed one engine)")
         world, rank = dist.get_world_size(), dist.get_rank()
-        local, local_world = int(os.environ.get("LOCAL_RANK", rank)), int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         if world % tp or local_world % tp:
             raise UserError(f"{where}: {tp} does not divide the {local_world} ranks of a node (one engine per replica, inside a node)")
         self.leader_rank = rank - rank % tp
@@ -101,15 +157,10 @@ class SGLangTensorParallel:
         missing = {"tp_size", "base_gpu_id"} - set(fields)
         if missing:
             raise UserError(f"{where}: this SGLang's ServerArgs lacks {', '.join(sorted(missing))}")
-        base = local
-        if torch.cuda.is_available():  # the schedulers take devices base_gpu_id.. of the visible ones
-            base, seen = torch.cuda.current_device(), torch.cuda.device_count()
-            if seen < tp or (rank == self.leader_rank and seen < base + tp):
-                raise UserError(
-                    f"{where}: this rank sees {seen} device(s) from cuda:{base} on (CUDA_VISIBLE_DEVICES), "
-                    f"and one engine needs its replica's {tp}; make the node's devices visible to each rank"
-                )
-        return {"tp_size": tp, "base_gpu_id": base}
+        base, step = replica_gpu_ids(self.tp_group, where)
+        if step != 1 and "gpu_id_step" not in set(fields):
+            raise UserError(f"{where}: the replica's devices are {step} apart and this SGLang has no gpu_id_step")
+        return {"tp_size": tp, "base_gpu_id": base, **({"gpu_id_step": step} if "gpu_id_step" in set(fields) else {})}
 
     @torch.no_grad()
     def feed_replica(self, stream: Iterable[tuple[str, torch.Tensor]], load: Callable[[list, bool], None]) -> int:

@@ -34,6 +34,8 @@ the same ``LLM`` API, so the same adapter serves ``device="npu"``.
   adapter alone as a new ``LoRARequest`` that generate() then uses (:mod:`.vllm_lora`); the base
   is the checkpoint vLLM loaded at start (frozen, never resent). A vLLM without that API gets
   merged weights (``adapter_sync`` false, said by ``rlctl doctor``).
+- In-flight weight swaps (``generate(swap=...)``): rlctl runs vLLM's step loop itself and loads
+  weights between steps (:mod:`.vllm_inflight`).
 """
 
 from __future__ import annotations
@@ -46,16 +48,26 @@ import torch
 
 from rlctl.engines.adapter_dir import split_adapter_stream
 from rlctl.engines.engine_fields import check_engine_kwargs
-from rlctl.engines.external_version import accepts, init_fields, installed_version, only_known, release
+from rlctl.engines.external_version import (
+    accepts,
+    field_default,
+    init_fields,
+    installed_version,
+    only_known,
+    release,
+)
+from rlctl.engines.inflight import KV_ON_SWAP, Swap
 from rlctl.engines.lora import LoraSpec, is_adapter
 from rlctl.engines.registry import register_engine
 from rlctl.engines.rollout_batch import (
     assemble_rollout,
     bucketed,
+    padded_versions,
     row_seeds,
     stop_token_ids,
     unpadded_prompts,
 )
+from rlctl.engines.vllm_inflight import generate_stepped, swap_gap
 from rlctl.engines.vllm_lora import (
     AdapterPublisher,
     AdapterSyncFlag,
@@ -164,6 +176,9 @@ class VLLMRolloutEngine(VLLMTensorParallel):
         self.tp = tensor_parallel_size
         kwargs.update(launcher_kwargs(self.tp, rank_order, fields, str(self.version)))
         self.logprobs_mode = str(kwargs.get("logprobs_mode", "raw_logprobs"))
+        # EngineArgs.async_scheduling: False by default in 0.13.0, None (on where supported) in 0.33.0
+        self._async_scheduling = kwargs.get("async_scheduling", field_default(vllm.EngineArgs, "async_scheduling"))
+        self._stream_interval = kwargs.get("stream_interval", 1)  # SchedulerConfig default (0.13.0, 0.33.0)
         self.llm = vllm.LLM(model=str(model_path), **kwargs)
         self.lora = lora
         self.adapter = None if lora is None else AdapterPublisher(self.llm, lora, str(model_path))
@@ -209,10 +224,30 @@ class VLLMRolloutEngine(VLLMTensorParallel):
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int = 0,
         seed: int | None = None,
+        version: int | None = None,
+        swap: Swap | None = None,
+        kv_on_swap: str = "recompute",
     ) -> dict[str, torch.Tensor]:
-        """Sample through vLLM; same keys as the HF engine (``rollout_log_probs`` only when exact)."""
+        """Sample through vLLM; same keys as the HF engine (``rollout_log_probs`` only when exact).
+
+        In-flight weight updates (:mod:`rlctl.engines.inflight`, :mod:`.vllm_inflight`): with
+        ``version``, ``token_versions`` gives each response token's weight version; ``swap()`` is asked
+        between vLLM's engine steps and its weights load in place while the requests keep running."""
         if self.asleep_tags:
             raise RunError("vLLM rollout engine is asleep; call wake() before generate()")
+        if kv_on_swap not in KV_ON_SWAP:  # checked with or without a swap, as the HF engine does
+            raise UserError(f"kv_on_swap must be one of {KV_ON_SWAP}, got {kv_on_swap!r}")
+        if swap is not None:
+            gap = swap_gap(
+                self.llm,
+                str(self.version),
+                kv_on_swap,
+                async_scheduling=self._async_scheduling,
+                stream_interval=self._stream_interval,
+                tp=self.tp,
+            )
+            if gap is not None:
+                raise UserError(gap)
         stop = stop_token_ids(eos_token_id)
         exact = self.log_prob_gap(temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy) is None
         prompts = unpadded_prompts(prompt_ids, prompt_mask, n)
@@ -231,19 +266,30 @@ class VLLMRolloutEngine(VLLMTensorParallel):
                 detokenize=False,
             )
             params.append(self._vllm.SamplingParams(**only_known(wanted, self._sampling_fields)))
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, **self._lora_kwargs()
-        )
-        responses, log_probs = [], []
-        for request in outputs:
-            completion = request.outputs[0]
-            tokens = list(completion.token_ids)
-            responses.append(tokens)
-            if exact:
-                log_probs.append(
-                    [step[tok].logprob for step, tok in zip(completion.logprobs, tokens, strict=True)]
-                )
-        return assemble_rollout(
+        current = 0 if version is None else int(version)
+        if swap is not None:
+            responses, reported, versions = generate_stepped(
+                self.llm,
+                prompts,
+                params,
+                version=current,
+                swap=swap,
+                kv_on_swap=kv_on_swap,
+                load=self.update_weights,
+                lora_kwargs=self._lora_kwargs(),
+            )
+        else:
+            outputs = self.llm.generate(
+                [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, **self._lora_kwargs()
+            )
+            responses = [list(o.outputs[0].token_ids) for o in outputs]
+            reported = [o.outputs[0].logprobs for o in outputs]
+            versions = [[current] * len(tokens) for tokens in responses]
+        log_probs = []
+        if exact:
+            for steps, tokens in zip(reported, responses, strict=True):
+                log_probs.append([step[tok].logprob for step, tok in zip(steps, tokens, strict=True)])
+        out = assemble_rollout(
             prompt_ids,
             prompt_mask,
             responses,
@@ -252,6 +298,9 @@ class VLLMRolloutEngine(VLLMTensorParallel):
             max_new_tokens=max_new_tokens,
             pad_token_id=pad_token_id,
         )
+        if version is not None:
+            out["token_versions"] = padded_versions(versions, max_new_tokens)
+        return out
 
     def prompt_log_probs(self, token_ids: Sequence[int]) -> torch.Tensor | None:
         """Log-prob of each token after the first given the ones before it, scored by vLLM itself

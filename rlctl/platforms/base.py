@@ -163,7 +163,12 @@ class Platform:
         """The devices as the runtime half (:mod:`rlctl.devices`) needs them: plain, picklable data
         a worker process receives instead of this platform."""
         return RuntimeSpec(
-            self.device_type, self.dist_backend, self.ray_resource, self.visible_devices_env, self.torch_module
+            self.device_type,
+            self.dist_backend,
+            self.ray_resource,
+            self.visible_devices_env,
+            self.torch_module,
+            self.ray_noset_env,
         )
 
     def vendor_env(self) -> dict[str, str]:

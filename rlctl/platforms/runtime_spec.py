@@ -16,14 +16,17 @@ from dataclasses import asdict, dataclass
 class RuntimeSpec:
     """One platform's devices: torch's name for them (``torch.<device_type>`` is their module),
     the collective backend, the Ray resource they are scheduled as, the variable that restricts
-    which ones a process sees, and the module that must be imported before torch knows them
-    (``torch_npu`` on Ascend; None where torch itself does)."""
+    which ones a process sees, the module that must be imported before torch knows them
+    (``torch_npu`` on Ascend; None where torch itself does), and the vendor's
+    ``RAY_EXPERIMENTAL_NOSET_*`` variable that stops Ray narrowing that visibility per worker
+    (read from Ray's ``_private/accelerators/<vendor>.py``; None where Ray has none)."""
 
     device_type: str = "cpu"
     dist_backend: str = "gloo"
     ray_resource: str = "CPU"
     visible_devices_env: str | None = None
     torch_module: str | None = None
+    ray_noset_env: str | None = None
 
     @property
     def is_cpu(self) -> bool:

@@ -34,6 +34,7 @@ def check_profile(profile: Profile, origins: dict[str, Path]) -> None:
             f"expected a divisor of trainer.prompts_per_step ({profile.trainer.prompts_per_step}), got {mini}",
         )
     _check_rollout_tp(profile, fail)
+    _check_delta_sync(profile, fail)
     _check_shapes(profile, fail)
     if profile.actor.lora is not None:
         from rlctl.profile.lora_checks import check_lora
@@ -178,3 +179,27 @@ def _attention_heads(model_path: str) -> tuple[int, int] | None:
         return None
     kv = cfg.get("num_key_value_heads") or q
     return q, int(kv)
+
+
+def _check_delta_sync(profile: Profile, fail: Callable[[str, str], None]) -> None:
+    """Where delta pushes run (the HF engine's in-place apply, whole tensors, no adapter): anything
+    else is refused, so the key never sits unread."""
+    if not profile.rollout.delta_sync:
+        return
+    c = profile.cluster
+    blockers = {
+        "rollout.engine": (
+            profile.rollout.engine in ("vllm", "sglang"),
+            f"the {profile.rollout.engine!r} engine takes full weights only so far; use rollout.engine = 'hf'",
+        ),
+        "rollout.tensor_parallel": (profile.rollout.tensor_parallel > 1, "a tensor-parallel engine takes full shards"),
+        "actor.lora": (profile.actor.lora is not None, "a LoRA actor already syncs its adapter alone"),
+        "cluster.devices_per_node": (
+            profile.trainer.mode == "sync" and c.nodes * c.devices_per_node > 1,
+            "the multi-rank colocated sync moves planned shards, full; one rank, or an off-policy "
+            "trainer.mode (its pushes go from rank 0)",
+        ),
+    }
+    for key, (blocked, why) in blockers.items():
+        if blocked:
+            fail(key, f"rollout.delta_sync = true: {why}")

@@ -20,14 +20,14 @@ KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k2+", "k
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunSection:
     name: str = field("rlctl-run", "Run name; the run directory is output_dir/name.")
     seed: int = field(1, "Seed for data order, sampling and initialisation.", ge=0)
     output_dir: str = field("runs", "Parent directory of run directories (relative to the working dir).")
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlatformSection:
     vendor: str = field("auto", "auto, cpu, nvidia, rocm, ascend, or an installed plugin's name.")
     attention: str = field("auto", "Attention kernel; auto picks the platform's best available.")
@@ -46,7 +46,7 @@ class PlatformSection:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClusterSection:
     backend: str = field(
         "ray", "Worker runtime: ray, or inprocess (one process).", choices=("ray", "inprocess")
@@ -57,7 +57,7 @@ class ClusterSection:
     call_timeout_s: float = field(900.0, "Seconds a worker call may take before the run fails.", gt=0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelSection:
     path: str = field(
         "", "Local HF model directory, or builtin:tiny-1m / builtin:tiny-10m (built locally).", path=True
@@ -66,7 +66,7 @@ class ModelSection:
     trust_remote_code: bool = field(False, "Allow the model's own Python code to run (off unless asked).")
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataSection:
     train: str = field(
         "builtin:addition", "Train prompts: builtin:TASK, or a .jsonl/.parquet file.", path=True
@@ -77,7 +77,7 @@ class DataSection:
     shuffle: bool = field(True, "Shuffle the train prompts each epoch.")
 
 
-@dataclass
+@dataclass(frozen=True)
 class AlgorithmSection:
     preset: str = field("", "Named preset applied beneath this profile (grpo, dr_grpo, dapo, ppo, ...).")
     adv_estimator: str = field("grpo", "Advantage estimator (gae, grpo, rloo, reinforce_plus_plus, ...).")
@@ -109,7 +109,7 @@ class AlgorithmSection:
     rollout_correction_threshold: float = field(2.0, "Upper importance-weight threshold.", gt=0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ActorSection:
     lr: float = field(1e-6, "Learning rate.", gt=0)
     weight_decay: float = field(0.0, "AdamW weight decay.", ge=0)
@@ -154,7 +154,7 @@ class ActorSection:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutSection:
     engine: str = field(
         "auto",
@@ -177,6 +177,14 @@ class RolloutSection:
         0.5, "vLLM/SGLang memory fraction (the HF engine reads none; leave it at 0.5).", gt=0, le=1
     )
     val_temperature: float = field(0.0, "Validation temperature (0 = greedy).", ge=0)
+    delta_sync: bool = field(
+        False,
+        "Weight syncs and pushes send only the elements that changed since the rollout copy's "
+        "version (per tensor the smallest of index or bitmask positions with values or int8 steps, "
+        "or whole); full after a start, a resume or a version gap. Pays with a bf16 rollout copy "
+        "(platform.dtype). HF engine, tensor-parallel 1, no LoRA; one rank in sync mode "
+        "(docs/async-rollouts.md).",
+    )
     engine_kwargs: dict[str, Any] = field(
         {},
         "Extra keywords for the vllm/sglang engine, a TOML table (e.g. {max_model_len = 4096, "
@@ -188,7 +196,7 @@ class RolloutSection:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class RefSection:
     path: str = field("", "Reference model directory; empty means model.path.", path=True)
     micro_batch_sequences: int = field(32, "Sequences per reference forward.", ge=1)
@@ -197,7 +205,7 @@ class RefSection:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class CriticSection:
     path: str = field("", "Critic init directory; empty means model.path.", path=True)
     lr: float = field(1e-5, "Critic learning rate.", gt=0)
@@ -211,7 +219,7 @@ class CriticSection:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class RewardSection:
     kind: str = field(
         "builtin",
@@ -259,7 +267,7 @@ class RewardSection:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainerSection:
     steps: int = field(100, "Training steps.", ge=1)
     prompts_per_step: int = field(8, "Prompts sampled per step (each gets rollout.n responses).", ge=1)
@@ -308,7 +316,7 @@ class TrainerSection:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class SftSection:
     steps: int = field(300, "Supervised optimiser steps (rlctl sft).", ge=1)
     batch_sequences: int = field(64, "Sequences per SFT step.", ge=1)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from rlctl.profile.fields import field
 
 
-@dataclass
+@dataclass(frozen=True)
 class AgentSection:
     env: str = field(
         "",

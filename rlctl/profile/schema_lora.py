@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from rlctl.profile.fields import field
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoraSection:
     """``[actor.lora]``: present = train a LoRA adapter (peft) on a frozen base instead of all weights."""
 

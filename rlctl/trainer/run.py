@@ -29,16 +29,22 @@ def train(
     from rlctl.trainer.plan.run_plan import refuse_failures, resolve_plan
     from rlctl.trainer.setup.context import build_context
     from rlctl.trainer.setup.models import materialize_model
-    from rlctl.trainer.state.checkpoint import find_resume_point
+    from rlctl.trainer.state import checkpoint
 
     run_dir = run_dir_for(profile, output_dir)
-    if resume not in ("auto", "never"):
-        find_resume_point(run_dir, resume)  # a bad --resume PATH fails here, before any worker starts
-    plan = resolve_plan(profile)
+    # a --resume PATH is read here, once: a bad one fails before the run directory or any worker exists
+    asked = checkpoint.find_resume_point(run_dir, resume) if resume not in ("auto", "never") else None
+    plan = resolve_plan(profile)  # the one resolution: workers are built from its specs
     refuse_failures(plan)  # one line naming each FAIL check and its fix; no worker has started
     run_dir = prepare_run_dir(run_dir)  # ours, writable by no one else, no symlink where we write
     with RunLock(run_dir):  # a second run on this directory exits 2 naming this one's pid and host
+        def carries_over(path: Path, state: dict) -> None:  # the roles this run's checkpoints hold
+            checkpoint.check_carries_over(path, state, plan.checkpointed_roles)
+
+        # what the run continues, decided once under the lock, before any worker starts
+        point = checkpoint.prepare_resume(run_dir, resume, check=carries_over, point=asked)
         model_path = materialize_model(profile.model.path, run_dir / "base_model", seed=profile.run.seed)
+        plan = plan.with_model_path(profile.model.path, model_path)
         profile = replace(profile, model=replace(profile.model, path=model_path))
         write_text_nofollow(run_dir / "profile.toml", profile_to_toml(profile))
         write_text_nofollow(run_dir / "plan.json", plan.to_json())
@@ -46,7 +52,7 @@ def train(
             "predicted_peak_gib"))
         ctx = build_context(profile, run_dir, plan)
         try:
-            result = trainer_class(profile)(ctx, max_steps=max_steps, resume=resume).fit()
+            result = trainer_class(profile)(ctx, max_steps=max_steps, resume=point).fit()
         except Stopped:  # the checkpoint is saved: stopping the workers must not outlast the grace
             shutdown_within(ctx.shutdown, STOP_SHUTDOWN_S)
             raise

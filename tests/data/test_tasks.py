@@ -139,3 +139,23 @@ def test_addition_question_style_and_operand_range_keep_the_split():
     ]
     with pytest.raises(UserError, match="style"):
         get_task("addition", style="poem")
+
+
+def test_longtail_answer_lengths_are_long_tailed():
+    """The long-tail task's answers run from a few digits to max_len, most of them short: a batch's
+    longest answer is several times its median (what partial rollouts and async generation gain on)."""
+    task = get_task("longtail")
+    rows = task.rows("train", n=2000, seed=0)
+    lengths = sorted(len(r["reward_model"]["ground_truth"]) for r in rows)
+    assert lengths[0] == 2 and lengths[-1] == 100
+    median = lengths[len(lengths) // 2]
+    assert 10 <= median <= 18  # log-uniform on 2..100: sqrt(2 * 101) ~ 14
+    assert 0.12 < sum(n > 50 for n in lengths) / len(lengths) < 0.25
+    assert rows[0]["prompt"][0]["content"] == f"echo {rows[0]['reward_model']['ground_truth']}="
+    assert task.verify("0123", "0123") == 1.0 and task.verify("012", "0123") == 0.0
+
+
+def test_longtail_options_are_checked():
+    assert get_task("longtail", min_len=5, max_len=5).rows("train", n=3, seed=0)[0]["extra_info"]["length"] == 5
+    with pytest.raises(UserError, match="longtail"):
+        get_task("longtail", min_len=10, max_len=5)

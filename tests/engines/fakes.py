@@ -70,7 +70,7 @@ import torch
 
 from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.engines.sampling import filter_top_k_top_p
-from tests.engines import fake_vllm_tp
+from tests.engines import fake_vllm_steps, fake_vllm_tp
 from tests.engines.fake_vllm_lora import LoraHolder, SGLangLoras, lora_modules
 
 SURFACES = Path(__file__).parent / "surfaces"
@@ -267,7 +267,10 @@ def make_fake_vllm(
     vllm.submodules = lora_modules(s, rel, msgspec_type, recorded_method)  # vllm.lora.request, ...
     engine_mod = vllm.submodules.get("vllm.v1.engine.llm_engine")
 
-    EngineArgs = struct_type("EngineArgs", s["EngineArgs"], {"logprobs_mode": "raw_logprobs", "seed": 0})
+    # async_scheduling: SchedulerConfig's default, False in 0.10.2/0.13.0, None in 0.33.0
+    # (vllm/config/scheduler.py); 0.23.0 not read, taken as 0.33.0's
+    engine_defaults = {"logprobs_mode": "raw_logprobs", "seed": 0, "async_scheduling": False if rel < (0, 23) else None}
+    EngineArgs = struct_type("EngineArgs", s["EngineArgs"], engine_defaults)
 
     def _sp_post_init(self):  # vllm/sampling_params.py __post_init__ / _verify_args
         if self.top_k is not None and self.top_k < -1:
@@ -327,6 +330,15 @@ def make_fake_vllm(
         self.lora = (engine_mod.LLMEngine if engine_mod else LoraHolder)(args, self.hf, calls)
         if engine_mod is not None:
             self.llm_engine = self.lora
+            fake_vllm_steps.attach(
+                self.llm_engine,
+                self,
+                rel,
+                lambda logits, tokens, sp: _log_probs(self, logits, tokens, sp, sp.temperature < _EPS),
+                Logprob,
+                CompletionOutput,
+                calls,
+            )
         self.sleeping: set[str] = set()
         self.host_copy = None
         self.nz_mode = _ascend_nz_mode(args) if ascend else 0
@@ -388,8 +400,10 @@ def make_fake_vllm(
             raise RuntimeError("CUDA error: weights are asleep")
         return [getattr(self.worker, method)(*args, **(kwargs or {}))]
 
-    def reset_prefix_cache(self, **_):
+    def reset_prefix_cache(self, reset_running_requests=False, **_):
         calls.append(("reset_prefix_cache",))
+        if reset_running_requests:  # only where the recorded signature has it (0.13.0 on)
+            self.llm_engine.preempt_running()
         return True
 
     def sleep(self, level=1, **_):

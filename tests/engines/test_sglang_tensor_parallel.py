@@ -106,6 +106,7 @@ def test_fsdp2_to_sglang_tp2_in_the_loop(tmp_path, version):
         assert r["stale"] is not None and "canary" in r["stale"], r["stale"]
     # one engine for the replica, on its first rank, driving two TP schedulers from device 0 on
     assert leader["engine_kwargs"]["tp_size"] == 2 and leader["engine_kwargs"]["base_gpu_id"] == 0
+    assert leader["engine_kwargs"]["gpu_id_step"] == 1  # schedulers on the ranks' devices 0 and 1
     assert other["engine_kwargs"] is None and other["held"] is None
     assert "update_weights_from_tensor" in leader["calls"] and "update_weights_from_tensor" not in other["calls"]
     # each scheduler holds what SGLang's loaders keep of the trainer's full weights
@@ -133,3 +134,69 @@ def test_sglang_tp_needs_the_trainers_process_group(tmp_path, monkeypatch):
     install(monkeypatch, tmp_path, "sglang", "0.5.23", [])
     with pytest.raises(UserError, match=r"^rollout\.tensor_parallel = 2 with rollout\.engine = 'sglang': no initialised"):
         SGLangRolloutEngine(str(make_model(tmp_path / "m")), device="cpu", tensor_parallel_size=2)
+
+
+@pytest.mark.parametrize(
+    ("devices", "found"),
+    [([0, 1], (0, 1)), ([2, 3], (2, 1)), ([1, 3, 5, 7], (1, 2)), ([4], (4, 1)),
+     ([1, 0], None), ([0, 1, 3], None), ([2, 2], None)],
+)  # fmt: skip
+def test_replica_devices_as_base_gpu_id_and_step(devices, found):
+    from rlctl.engines.sglang_tp import progression
+
+    assert progression(devices) == found
+
+
+def _replica(monkeypatch, ranks: list[tuple[str, list[str]]]):
+    """``replica_gpu_ids`` of a replica at global ranks 4.. whose ranks report ``ranks`` (each
+    rank's device and the devices it sees): the gather is the one thing faked."""
+    import torch.distributed as dist
+
+    from rlctl.engines.sglang_tp import replica_gpu_ids
+
+    def gather(out, _mine, group=None):
+        out[:] = ranks
+
+    monkeypatch.setattr(dist, "all_gather_object", gather)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: len(ranks))
+    monkeypatch.setattr(dist, "get_global_rank", lambda group, i: 4 + i)
+    monkeypatch.setattr("rlctl.engines.sglang_tp.own_device", lambda: ranks[0])
+    return replica_gpu_ids(object(), "where")
+
+
+def test_replica_gpu_ids_address_the_ranks_devices_as_the_first_rank_sees_them(monkeypatch):
+    node = ["GPU-a", "GPU-b", "GPU-c", "GPU-d"]
+    # second replica of a node seen whole: devices 2 and 3
+    assert _replica(monkeypatch, [("GPU-c", node), ("GPU-d", node)]) == (2, 1)
+    # every other device (a pool whose bundles landed so): base 0, step 2
+    assert _replica(monkeypatch, [("GPU-a", node), ("GPU-c", node)]) == (0, 2)
+
+
+def test_replica_gpu_ids_refuse_devices_the_engine_cannot_address(monkeypatch):
+    from rlctl.errors import UserError
+
+    node = ["GPU-a", "GPU-b", "GPU-c", "GPU-d"]
+    with pytest.raises(UserError, match=r"^where: the replica's devices \[3, 1\] \(indices among those its first rank sees: GPU-d, GPU-b\) are not"):
+        _replica(monkeypatch, [("GPU-d", node), ("GPU-b", node)])
+    # Ray's default narrowing: each rank sees only its own device
+    with pytest.raises(UserError, match=r"^where: the replica's first rank does not see rank 5's device GPU-b \(it sees 1"):
+        _replica(monkeypatch, [("GPU-a", ["GPU-a"]), ("GPU-b", ["GPU-b"])])
+
+
+def test_sglang_tp_asks_the_pool_for_the_node_devices(tmp_path):
+    """SGLang at TP > 1 drives its replica from one rank, so its pool leaves the node's devices
+    visible; at TP 1, and for the engines where every rank holds its own piece, it does not."""
+    from rlctl.trainer.plan.specs import RolloutSpec
+    from rlctl.trainer.workers.rollout_engines import needs_node_devices
+
+    model = str(make_model(tmp_path / "m"))
+
+    def spec(engine: str, tp: int, vendor: str = "nvidia"):
+        return types.SimpleNamespace(
+            engine=types.SimpleNamespace(model_path=model, device_type="cuda"),
+            rollout=RolloutSpec(engine=engine, tensor_parallel_size=tp, vendor=vendor),
+        )
+
+    assert needs_node_devices(spec("sglang", 2)) and needs_node_devices(spec("sglang", 4, "rocm"))
+    assert not needs_node_devices(spec("sglang", 1))
+    assert not needs_node_devices(spec("vllm", 2))  # each rank is one vLLM worker on its own device

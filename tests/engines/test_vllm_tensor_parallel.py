@@ -214,3 +214,23 @@ def test_vllm_at_tp1_reports_no_stored_shards(tmp_path, monkeypatch):
     install(monkeypatch, tmp_path, "vllm", "0.33.0", [])
     engine = VLLMRolloutEngine(str(make_model(tmp_path / "m")), device="cpu", dtype="float32")
     assert engine.local_tensors() == {} and stored_gib(engine) is None
+
+
+def test_vllm_tp_local_rank_is_the_ranks_own_device(monkeypatch):
+    """vLLM's external launcher puts its worker on ``cuda:LOCAL_RANK`` (``v1/worker/gpu_worker.py``):
+    the rank's own device among those it sees (3 on a node seen whole, as under a pool that leaves
+    the node's devices visible), not its local rank."""
+    import torch.distributed as dist
+
+    from rlctl.engines.vllm_tp import launcher_kwargs
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    kw = launcher_kwargs(2, "contiguous", ["distributed_executor_backend"], "0.13.0")
+    assert kw["distributed_executor_backend"] == "external_launcher"
+    assert os.environ["LOCAL_RANK"] == "3" and os.environ["RANK"] == "1"

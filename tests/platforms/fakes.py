@@ -71,6 +71,7 @@ class FakePynvml:
     driver: str | bytes = "570.124.06"
     cuda_driver: int = 12080
     cc: tuple[int, int] = (9, 0)
+    memory_total: int = 143771 << 20  # bytes: NVML's total on an H200 (143771 MiB)
     init_error: int | None = None  # an NVML_ERROR_* code to raise from nvmlInit
     shutdowns: int = 0
 
@@ -97,7 +98,7 @@ class FakePynvml:
         return self.names[h]
 
     def nvmlDeviceGetMemoryInfo(self, h: int) -> _Mem:
-        return _Mem(total=150_754_820_096, free=150_000_000_000, used=754_820_096)
+        return _Mem(total=self.memory_total, free=self.memory_total - 754_820_096, used=754_820_096)
 
     def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:
         return self.cc

@@ -38,6 +38,7 @@ def test_nvidia_host_detected_with_nvml_details(tmp_path):
     assert (p.dist_backend, p.ray_resource, p.device_type) == ("nccl", "GPU", "cuda")
     assert p.visible_devices_env == "CUDA_VISIBLE_DEVICES"
     assert p.ray_noset_env == "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+    assert p.runtime_spec().ray_noset_env == p.ray_noset_env  # carried to every worker
     assert p.rollout_env() == {"NCCL_CUMEM_ENABLE": "0"}
     assert p.supported_dtypes() == ["float32", "float16", "bfloat16", "float8_e4m3fn"]
     assert p.device_count() == 8
@@ -116,6 +117,7 @@ def test_rocm_host_detected(tmp_path):
     assert (p.dist_backend, p.ray_resource, p.device_type) == ("nccl", "GPU", "cuda")
     assert p.visible_devices_env == "HIP_VISIBLE_DEVICES"
     assert p.ray_noset_env == "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES"
+    assert p.runtime_spec().ray_noset_env == p.ray_noset_env  # carried to every worker
     assert p.rollout_env() == {"NCCL_CUMEM_ENABLE": "0"}  # no aiter installed
     assert "float8_e4m3fnuz" in p.supported_dtypes()
 
@@ -178,6 +180,7 @@ def test_ascend_host_detected(tmp_path):
     assert (p.dist_backend, p.ray_resource, p.device_type) == ("hccl", "NPU", "npu")
     assert p.visible_devices_env == "ASCEND_RT_VISIBLE_DEVICES"
     assert p.ray_noset_env == "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"
+    assert p.runtime_spec().ray_noset_env == p.ray_noset_env  # carried to every worker
     assert p.attention_impl() == "flash_attention_2"
     assert "npu_fusion_attention" in p.attention_candidates()[0].reason
     assert "bfloat16" in p.supported_dtypes()

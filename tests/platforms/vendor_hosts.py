@@ -90,7 +90,13 @@ def h100(tmp: Path, driver: str) -> Host:
     """8 x H100 (SM 9.0) with the PyPI vllm 0.33.0 wheel (CUDA 13, torch 2.14.0+cu130)."""
     cuda_driver = {"570": 12080, "580": 13000}[driver.split(".")[0]]
     host = nvidia_host(
-        tmp, FakePynvml(names=["NVIDIA H100 80GB HBM3"] * 8, driver=driver, cuda_driver=cuda_driver)
+        tmp,
+        FakePynvml(
+            names=["NVIDIA H100 80GB HBM3"] * 8,
+            driver=driver,
+            cuda_driver=cuda_driver,
+            memory_total=81559 << 20,  # nvidia-smi's total on an H100 80GB HBM3 (the catalogue's)
+        ),
     )
     site = tmp / "site"
     replace(site, "torch", "2.14.0+cu130")
@@ -102,7 +108,10 @@ def h100(tmp: Path, driver: str) -> Host:
 def b200_sglang(tmp: Path, cc: tuple[int, int] = (10, 0)) -> Host:
     """8 x B200 (SM 10.0), driver 580, with sglang 0.5.23 and flashinfer."""
     host = nvidia_host(
-        tmp, FakePynvml(names=["NVIDIA B200"] * 8, driver="580.82.07", cuda_driver=13000, cc=cc)
+        tmp,
+        FakePynvml(
+            names=["NVIDIA B200"] * 8, driver="580.82.07", cuda_driver=13000, cc=cc, memory_total=183359 << 20
+        ),
     )
     site = tmp / "site"
     replace(site, "torch", "2.14.1+cu130")

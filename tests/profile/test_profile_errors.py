@@ -187,3 +187,30 @@ def test_run_name_that_leaves_the_output_dir_is_refused(tmp_path, name):
 def test_plain_run_names_are_accepted(tmp_path, name):
     code, out, err = run_cli("profile", "check", write(tmp_path, f'[run]\nname = "{name}"\n' + GOOD))
     assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    ("sets", "key"),
+    [
+        (["rollout.engine=vllm"], "rollout.engine"),
+        (["rollout.tensor_parallel=2", "cluster.devices_per_node=2"], "rollout.tensor_parallel"),
+        (["cluster.devices_per_node=2"], "cluster.devices_per_node"),
+    ],
+)
+def test_delta_sync_where_it_cannot_run_is_refused_naming_the_key(tmp_path, sets, key):
+    """rollout.delta_sync is read by the HF engine's one-rank colocated sync and the off-policy
+    pushes; anywhere else it would sit unread, so it is refused."""
+    p = write(tmp_path, GOOD)
+    args = ["profile", "check", p, "--set", "rollout.delta_sync=true"]
+    for s in sets:
+        args += ["--set", s]
+    assert_user_error(args, f"{key}: rollout.delta_sync = true")
+
+
+def test_delta_sync_with_two_ranks_off_policy_is_accepted(tmp_path):
+    p = write(tmp_path, GOOD)
+    code, _, err = run_cli(
+        "profile", "check", p, "--set", "rollout.delta_sync=true", "--set", "cluster.devices_per_node=2",
+        "--set", "trainer.mode=async",
+    )
+    assert code == 0, err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ def tp_error(tmp_path, **kw) -> str:
     text = Path(path).read_text()
     Path(path).write_text(text.replace(f"tensor_parallel = {kw['tp']}", "tensor_parallel = 1"))
     p = load_profile(path)
-    p.rollout.tensor_parallel = kw["tp"]
+    p.rollout = replace(p.rollout, tensor_parallel=kw["tp"])  # sections are frozen
 
     def fail(key: str, message: str) -> None:
         raise UserError(f"{key}: {message}")

@@ -12,13 +12,13 @@ from rlctl.trainer.loops.pipeline import Produced, RolloutPipeline
 
 
 def drive(
-    seed: int, max_staleness: int, exact: bool, steps: int, first: int = 1
+    seed: int, max_staleness: int, exact: bool, steps: int, first: int = 1, chain: bool = False, pushed=None
 ) -> list[tuple[int, int, int]]:
     """Run a fake trainer against the pipeline with random delays on both sides; returns, per
     generated batch, (index, version it was generated with, newest published version then)."""
     rng = random.Random(seed)
     delays = [rng.choice((0.0, 0.0005, 0.002)) for _ in range(4 * steps)]
-    loaded: list[int] = []
+    loaded: list[int] = [] if pushed is None else pushed
     seen: list[tuple[int, int, int]] = []
     newest = [first]
     lock = threading.Lock()
@@ -43,6 +43,7 @@ def drive(
         weights=f"w{first}",
         max_staleness=max_staleness,
         exact=exact,
+        chain=chain,
     ).start()
     try:
         for step in range(first, first + steps):
@@ -119,3 +120,13 @@ def test_ready_batches_come_first_and_peek_does_not_consume():
     finally:
         pipe.close()
     assert made == [(5, 4), (6, 5)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_chain_pushes_every_version_in_order_within_the_bound(seed):
+    """Delta pushes: each version is the change from the one before, so the workers are pushed
+    every published version, in order, none skipped, and staleness stays within the bound."""
+    pushed: list[int] = []
+    seen = drive(seed, max_staleness=2, exact=False, steps=12, chain=True, pushed=pushed)
+    assert pushed == list(range(1, pushed[-1] + 1))
+    assert all(index - version <= 2 for index, version, _ in seen)

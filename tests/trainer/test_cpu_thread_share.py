@@ -16,6 +16,7 @@ import torch
 from rlctl.dispatch import Mesh
 from rlctl.dispatch.worker import WorkerContext
 from rlctl.engines.optim import OptimConfig
+from rlctl.profile.schema import ActorSection
 from rlctl.trainer.plan.specs import ActorLossSpec, EngineSpec, PolicySpec, UpdateSpec, build_specs
 from rlctl.trainer.workers import rollout as async_workers
 from rlctl.trainer.workers.roles import _cpu_threads
@@ -128,7 +129,7 @@ def test_the_rollout_worker_sets_its_half_through_the_shared_rule(host, monkeypa
     spec = PolicySpec(
         engine=EngineSpec(model_path="m", separate_rollout=True),
         optim=OptimConfig(lr=1e-3),
-        loss=ActorLossSpec(),
+        loss=ActorLossSpec(ActorSection(skip_zero_advantage=False)),
         update=UpdateSpec(),
     )
     for rank in range(2):

@@ -67,9 +67,10 @@ def test_doctor_profile_shows_the_plan_train_builds(tmp_path):
     code, out, err = run_cli("doctor", "--profile", profile, "--json")
     doc = json.loads(out)
     assert doc["plan"] is not None, err
-    for role in ("actor", "rollout"):
-        for key in ("engine", "kernel", "engine_kwargs", "env", "versions", "pins"):
+    for role in ("policy", "rollout"):
+        for key in ("engine", "kernel", "engine_kwargs", "env", "spec"):
             assert doc["plan"]["roles"][role][key] == plan["roles"][role][key], (role, key)
+    assert doc["plan"]["host"] == plan["host"]  # the versions and pins it read
     assert doc["plan"]["memory"] == plan["memory"]
     names = {c["name"] for c in doc["checks"]}
     assert "plan:training fits" in names and "plan:max_model_len covers prompt + response" in names
@@ -105,7 +106,7 @@ def test_simulated_h200_host_doctor_and_plan_agree(tmp_path, monkeypatch, capsys
         docs[args[0]] = json.loads(capsys.readouterr().out)
     plan, doctor = docs["plan"], docs["doctor"]["plan"]
     assert plan["device"]["name"] == "h200" and plan["device"]["memory_gib"] == 140.4  # NVML's total
-    assert plan["roles"]["rollout"]["versions"]["vllm"] == "0.11.0"
+    assert plan["host"]["versions"]["rollout"]["vllm"] == "0.11.0"
     assert plan["roles"] == doctor["roles"] and plan["checks"] == doctor["checks"]
     assert plan["memory"] == doctor["memory"]
 
@@ -126,7 +127,7 @@ def test_h100_qwen7b_at_20_sequences_a_micro_batch_is_not_refused():
     assert code == 0, err
     doc = json.loads(out)
     assert doc["device"]["memory_gib"] == 79.65
-    actor = doc["memory"]["roles"]["actor"]
+    actor = doc["memory"]["roles"]["policy"]
     assert 11.0 < actor["logits_gib"] < 12.5  # 2 x 20 x 1025 x 152064 x 2 bytes + the chunks
     assert [c for c in doc["checks"] if c["name"] == "training fits"][0]["verdict"] == "PASS"
 

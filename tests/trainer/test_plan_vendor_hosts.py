@@ -1,6 +1,6 @@
 """One plan per run on the simulated vendor hosts of the run-plan issue: ``rlctl plan P --json``,
 ``rlctl doctor --profile P --json`` and the engine construction ``rlctl train P`` performs
-(``specs_from_plan`` -> the worker's ``rollout_engine`` -> the fake engine of the installed release,
+(the plan's role specs -> the worker's ``rollout_engine`` -> the fake engine of the installed release,
 whose config class rejects any keyword that release lacks) agree on engine, kernel, keywords,
 environment and pin verdicts."""
 
@@ -15,7 +15,6 @@ from rlctl.cli.main import main
 from rlctl.platforms.resolve import resolve_platform
 from rlctl.profile import load_profile
 from rlctl.trainer.plan.run_plan import resolve_plan
-from rlctl.trainer.plan.specs import specs_from_plan
 from rlctl.trainer.workers.rollout_engines import rollout_engine
 from tests.engines.fakes import install
 from tests.engines.helpers import make_model
@@ -70,7 +69,7 @@ def test_plan_doctor_and_construction_agree(name, tmp_path, monkeypatch, capsys)
     assert plan["roles"] == doctor["plan"]["roles"] and plan["env"] == doctor["plan"]["env"]
     assert plan["checks"] == doctor["plan"]["checks"]
     rollout = plan["roles"]["rollout"]
-    assert rollout["engine"] == engine and rollout["versions"][engine].startswith(version)
+    assert rollout["engine"] == engine and plan["host"]["versions"]["rollout"][engine].startswith(version)
 
     # the pins the plan FAILs are the ones doctor FAILs, and only those
     plan_fails = {c["name"].removeprefix("pin ") for c in plan["checks"] if c["verdict"] == "FAIL"}
@@ -83,11 +82,11 @@ def test_plan_doctor_and_construction_agree(name, tmp_path, monkeypatch, capsys)
     # the construction train performs: exactly the plan's keywords reach the engine
     profile = load_profile(profile_path)
     run_plan = resolve_plan(profile)
-    specs = specs_from_plan(profile, run_plan)
-    assert specs.policy.rollout.engine_kwargs == rollout["engine_kwargs"]
+    policy = run_plan.policy.spec
+    assert policy.rollout.engine_kwargs == rollout["engine_kwargs"]
     calls: list = []
     install(monkeypatch, tmp_path, engine, version, calls, **_hardware(run_plan.platform_object))
-    rollout_engine(specs.policy)
+    rollout_engine(policy)
     got = calls[0][1]
     for key, value in rollout["engine_kwargs"].items():
         assert got[key] == value
@@ -176,15 +175,15 @@ def test_sglang_starts_with_context_length_as_the_plan_says(tmp_path, monkeypatc
     within = {c["name"]: c["verdict"] for c in plan["checks"]}["context_length within the model"]
     assert within == ("PASS" if starts else "FAIL")
     profile = load_profile(path)
-    specs = specs_from_plan(profile, resolve_plan(profile))
+    policy = resolve_plan(profile).policy.spec
     calls: list = []
     install(monkeypatch, tmp_path, "sglang", "0.5.23", calls, device_capability=(10, 0))
     if starts:
-        built = rollout_engine(specs.policy)
+        built = rollout_engine(policy)
         assert calls[0][1]["context_length"] == length and built.engine.context_len == length
     else:
         with pytest.raises(ValueError, match="SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
-            rollout_engine(specs.policy)
+            rollout_engine(policy)
 
 
 # host -> the --hardware target of the same machine
@@ -212,7 +211,7 @@ def test_plan_for_hardware_x_names_what_a_run_on_x_picks(name, tmp_path, monkeyp
     assert target["roles"]["rollout"]["settings"]["reason"] == on_host["roles"]["rollout"]["settings"]["reason"]
     assert target["dtype"] == on_host["dtype"] and target["env"] == on_host["env"]
     if name != "mi300x":
-        assert target["roles"]["actor"]["kernel"] == on_host["roles"]["actor"]["kernel"]
+        assert target["roles"]["policy"]["kernel"] == on_host["roles"]["policy"]["kernel"]
 
 
 @pytest.mark.parametrize(

@@ -110,8 +110,8 @@ def test_qwen7b_on_eight_mi300x_shards_training_state_and_passes():
     d = plan.to_dict()
     assert d["verdict"] == "PASS", [c.line() for c in plan.failures]
     assert (d["platform"]["name"], d["world_size"], d["dtype"]) == ("rocm", 8, "bfloat16")
-    assert d["roles"]["actor"]["engine"] == "fsdp" and d["roles"]["rollout"]["engine"] == "vllm"
-    actor = d["memory"]["roles"]["actor"]
+    assert d["roles"]["policy"]["engine"] == "fsdp" and d["roles"]["rollout"]["engine"] == "vllm"
+    actor = d["memory"]["roles"]["policy"]
     params = plan.model.params
     # fp32 master weights, grads and two AdamW moments, each sharded 8 ways
     assert actor["weights_gib"] == pytest.approx(4 * params / 8 / GIB, abs=1e-3)
@@ -140,7 +140,7 @@ def test_fewer_devices_fail_training_fit(tmp_path):
 
 def test_this_host_plan_names_versions_and_pins(tmp_path):
     plan = resolve_plan(load_profile(str(REPO / "profiles/tiny-cpu.toml")))
-    actor, rollout = plan.roles["actor"], plan.roles["rollout"]
+    actor, rollout = plan.roles["policy"], plan.roles["rollout"]
     assert (plan.platform, plan.device_type, plan.dist_backend) == ("cpu", "cpu", "gloo")
     assert actor.versions["torch"] and actor.versions["transformers"]
     assert rollout.engine == "hf" and rollout.kernel == actor.kernel
@@ -149,28 +149,29 @@ def test_this_host_plan_names_versions_and_pins(tmp_path):
     json.dumps(plan.to_dict())  # JSON-able
 
 
-def test_workers_are_built_from_the_plan_not_resolved_again():
-    """The actor's kernel and the rollout engine's keywords come from the plan's roles: change
-    them in the plan and the specs (and the engine train constructs) follow."""
-    from dataclasses import replace
-
-    from rlctl.platforms.base import EngineSettings
-    from rlctl.trainer.plan.specs import specs_from_plan
-    from rlctl.trainer.workers.roles import rollout_engine
+def test_workers_are_built_from_the_plan_not_resolved_again(monkeypatch, tmp_path):
+    """Each role's spec is resolved with the plan and carried by it: the policy's kernel and the
+    rollout engine's keywords are the plan's, and ``build_context`` hands every worker exactly
+    the spec object its role plan holds (the one ``plan.json`` writes), nothing re-resolved."""
+    from rlctl.trainer.setup import context
 
     profile = load_profile(str(REPO / "profiles/tiny-cpu.toml"))
     plan = resolve_plan(profile)
-    eager = EngineSettings("hf", "eager", {"attn_implementation": "eager"}, reason="test")
-    plan.roles["rollout"] = replace(plan.roles["rollout"], settings=eager)
-    plan.roles["actor"] = replace(plan.roles["actor"], settings=replace(eager, engine="fsdp"))
-    specs = specs_from_plan(profile, plan)
-    assert specs.policy.engine.attn_implementation == "eager"
-    assert specs.policy.rollout.engine_kwargs == {"attn_implementation": "eager"}
-    model = str(REPO / "profiles/assets/tiny-1m-addition-sft")
-    spec = replace(
-        specs.policy, engine=replace(specs.policy.engine, model_path=model, attn_implementation="sdpa")
-    )
-    assert rollout_engine(spec).model.config._attn_implementation == "eager"
+    policy = plan.policy.spec
+    assert policy.engine.attn_implementation == plan.policy.kernel
+    assert policy.rollout is plan.roles["rollout"].spec
+    assert policy.rollout.engine_kwargs == plan.roles["rollout"].settings.engine_kwargs
+    assert plan.to_dict()["roles"]["policy"]["spec"]["engine"]["attn_implementation"] == plan.policy.kernel
+    handed: dict = {}
+
+    def spawn(pool, roles, **kw):
+        handed.update(kw["init_kwargs"])
+        raise RuntimeError("stop before any worker starts")
+
+    monkeypatch.setattr(context, "spawn_colocated", spawn)
+    with pytest.raises(RuntimeError, match="stop before"):
+        context.build_context(profile, tmp_path, plan)
+    assert set(handed) == {"policy"} and handed["policy"]["spec"] is policy
 
 
 def test_pins_of_packages_the_run_uses_fail_the_plan(tmp_path):
@@ -191,7 +192,7 @@ def test_pins_of_packages_the_run_uses_fail_the_plan(tmp_path):
     assert lines["pin transformers-5.6.0"].verdict == "FAIL"
     assert "5.7" in lines["pin transformers-5.6.0"].fix
     assert "pin vllm-min" not in lines  # evaluate_pins: n/a for a run whose rollout engine is hf
-    assert plan.roles["actor"].versions["transformers"] == "5.6.0"
+    assert plan.roles["policy"].versions["transformers"] == "5.6.0"
     with pytest.raises(UserError, match="pin transformers-5.6.0"):
         refuse_failures(plan)
 
@@ -206,7 +207,7 @@ def test_lora_plan_counts_adapter_state_and_adapter_sync():
     r = load_profile(str(REPO / "profiles/smollm2-lora-cpu.toml")).actor.lora.rank
     per_layer = (576 + 576) + 2 * (576 + 192) + (576 + 576) + 2 * (576 + 1536) + (1536 + 576)
     assert trainable == r * per_layer * 30
-    actor, actor_full = lora.memory["roles"]["actor"], full.memory["roles"]["actor"]
+    actor, actor_full = lora.memory["roles"]["policy"], full.memory["roles"]["policy"]
     assert actor["grads_gib"] < actor_full["grads_gib"] / 20
     assert actor["optimizer_gib"] < actor_full["optimizer_gib"] / 20
     assert "ref" not in lora.roles

@@ -12,6 +12,7 @@ from rlctl.dispatch import Dispatch, Execute, Mesh
 from rlctl.dispatch.modes import get_mode, plan_call
 from rlctl.dispatch.worker import WorkerContext, WorkerHost
 from rlctl.engines.optim import OptimConfig, lr_lambda
+from rlctl.profile.schema import ActorSection
 from rlctl.trainer.plan.specs import ActorLossSpec, EngineSpec, PolicySpec, UpdateSpec, build_specs
 from rlctl.trainer.step.minibatch import layout_mini_batches
 from rlctl.trainer.step.stages import for_workers
@@ -28,7 +29,7 @@ def policy_host(model_dir: str) -> WorkerHost:
     spec = PolicySpec(
         engine=EngineSpec(model_path=model_dir, micro_batch_sequences=4),
         optim=OPTIM,
-        loss=ActorLossSpec(),
+        loss=ActorLossSpec(ActorSection(skip_zero_advantage=False)),
         update=UpdateSpec(ppo_epochs=2),
     )
     host = WorkerHost(0, 1, in_process=True)

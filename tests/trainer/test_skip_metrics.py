@@ -14,6 +14,7 @@ import torch
 from rlctl.dispatch import DataProto
 from rlctl.engines.fsdp_train import FSDPTrainEngine
 from rlctl.engines.optim import OptimConfig
+from rlctl.profile.schema import ActorSection
 from rlctl.trainer.plan.specs import ActorLossSpec
 from rlctl.trainer.workers.losses import make_actor_loss, zero_gradient_rows
 from tests.engines.helpers import make_batch, make_model
@@ -50,7 +51,7 @@ def _batch(seed: int) -> dict[str, torch.Tensor]:
 def test_metrics_with_the_skip_equal_the_whole_batch(model_dir, policy_loss, agg, recomputed):
     """``recomputed=False``: no old-log-prob pass, so the loss itself measures the train/rollout gap
     (``rollout/log_prob_diff_mean``, which the gap alarm watches) and the rollout correction."""
-    spec = ActorLossSpec(policy_loss=policy_loss, loss_agg_mode=agg, skip_zero_advantage=True)
+    spec = ActorLossSpec(ActorSection(policy_loss=policy_loss, loss_agg_mode=agg, skip_zero_advantage=True))
     loss = make_actor_loss(replace(spec, rollout_correction="token"))
     batch = _batch(3)
     if not recomputed:
@@ -59,7 +60,8 @@ def test_metrics_with_the_skip_equal_the_whole_batch(model_dir, policy_loss, agg
     runs = {}
     for skip in (True, False):
         engine = FSDPTrainEngine(model_dir, micro_batch_size=3, optim=optim)
-        rows = zero_gradient_rows(spec if skip else replace(spec, skip_zero_advantage=False), batch)
+        off = replace(spec, actor=replace(spec.actor, skip_zero_advantage=False))
+        rows = zero_gradient_rows(spec if skip else off, batch)
         assert (rows is not None) == skip
         runs[skip] = engine.train_batch(batch, loss, skip_rows=rows)
     on, off = runs[True], runs[False]
@@ -80,7 +82,7 @@ def test_kl_loss_and_kl_in_reward_have_a_key_each():
 
     b = _batch(4)
     ref = b["old_log_probs"] - 0.1
-    spec = ActorLossSpec(use_kl_loss=True)
+    spec = ActorLossSpec(ActorSection(use_kl_loss=True))
     out = {"log_probs": b["old_log_probs"] + 0.05}
     scale = LossScale(global_tokens=int(b["response_mask"].sum()), global_seqs=14, dp_size=1)
     _, loss_metrics = make_actor_loss(spec)(out, {**b, "ref_log_probs": ref}, scale)

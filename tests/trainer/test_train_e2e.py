@@ -88,7 +88,7 @@ def test_ray_backend_colocated_matches_inprocess(write_profile, tmp_path, ray_se
     # the run's plan (RUN_DIR/plan.json) predicts the worker process's peak resident set: the Ray
     # worker holds the actor, its rollout engine and the reference (memory/* are its VmHWM)
     plan = json.loads((tmp_path / "runs/on-ray/plan.json").read_text())
-    assert plan["verdict"] == "PASS" and set(plan["roles"]) == {"actor", "rollout", "ref"}
+    assert plan["verdict"] == "PASS" and set(plan["roles"]) == {"policy", "rollout", "ref"}
     code, out, err = run_cli("plan", str(p_ray), "--json")  # `rlctl plan` shows what train built
     assert code == 0, err
     assert json.loads(out)["roles"] == plan["roles"]

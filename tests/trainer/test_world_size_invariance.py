@@ -37,6 +37,7 @@ TOL = 1e-5
 
 def _specs(actor_dir: str, critic_dir: str):
     from rlctl.engines.optim import OptimConfig
+    from rlctl.profile.schema import ActorSection
     from rlctl.trainer.plan.specs import ActorLossSpec, CriticSpec, EngineSpec, PolicySpec, UpdateSpec
 
     optim = OptimConfig(lr=0.0, weight_decay=0.0, grad_clip=0.0)
@@ -44,11 +45,14 @@ def _specs(actor_dir: str, critic_dir: str):
         engine=EngineSpec(model_path=actor_dir, micro_batch_sequences=4),
         optim=optim,
         loss=ActorLossSpec(
-            clip_ratio_low=0.2,
-            clip_ratio_high=0.28,
-            entropy_coeff=0.01,
-            use_kl_loss=True,
-            kl_loss_coef=0.1,
+            ActorSection(
+                clip_ratio_low=0.2,
+                clip_ratio_high=0.28,
+                entropy_coeff=0.01,
+                use_kl_loss=True,
+                kl_loss_coef=0.1,
+                skip_zero_advantage=False,
+            ),
             norm_constant=float(WIDTH),
         ),
         update=UpdateSpec(ppo_epochs=1, temperature=TEMPERATURE),
@@ -112,7 +116,8 @@ class Group:
         mode, mbs = job["mode"], job["micro_batch"]
         self.policy.actor.micro_batch_size = mbs
         self.critic.critic.micro_batch_size = mbs
-        self.policy.actor_loss = make_actor_loss(replace(self.policy_spec.loss, loss_agg_mode=mode))
+        loss = self.policy_spec.loss
+        self.policy.actor_loss = make_actor_loss(replace(loss, actor=replace(loss.actor, loss_agg_mode=mode)))
         self.critic.critic_loss = make_critic_loss(replace(self.critic_spec, loss_agg_mode=mode))
         self.grads = []
         self.host.call("policy", "update_actor", *job["actor"])

@@ -13,10 +13,16 @@ from hypothesis import strategies as st
 from rlctl.algorithms import POLICY_LOSSES, advantage_linear_losses, get_policy_loss, register_policy_loss
 from rlctl.engines.optim import LossScale
 from rlctl.profile import load_profile
+from rlctl.profile.schema import ActorSection
 from rlctl.trainer.plan.specs import ActorLossSpec, build_specs
 from rlctl.trainer.workers.losses import make_actor_loss, zero_gradient_rows
 
-ON = ActorLossSpec(skip_zero_advantage=True)
+ON = ActorLossSpec(ActorSection(skip_zero_advantage=True))
+
+
+def on(**actor) -> ActorLossSpec:
+    """``ON`` with these ``[actor]`` keys."""
+    return replace(ON, actor=replace(ON.actor, **actor))
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -34,10 +40,10 @@ def test_zero_advantage_and_empty_rows_are_marked():
 @pytest.mark.parametrize(
     "spec",
     [
-        ActorLossSpec(),  # the profile key off
-        replace(ON, entropy_coeff=0.01),  # the entropy bonus has a gradient on every row
-        replace(ON, use_kl_loss=True),  # so has the KL loss
-        replace(ON, policy_loss="my_own"),  # a registered loss is not assumed linear in A
+        ActorLossSpec(ActorSection(skip_zero_advantage=False)),  # the profile key off
+        on(entropy_coeff=0.01),  # the entropy bonus has a gradient on every row
+        on(use_kl_loss=True),  # so has the KL loss
+        on(policy_loss="my_own"),  # a registered loss is not assumed linear in A
     ],
 )
 def test_nothing_is_skipped_where_a_zero_advantage_row_can_still_have_a_gradient(spec):
@@ -68,7 +74,7 @@ def test_rows_marked_have_exactly_zero_gradient_in_every_builtin_loss(policy_los
         "old_log_probs": log_prob.detach() + torch.randn(rows, width, generator=g),
         "rollout_log_probs": log_prob.detach() + 0.3 * torch.randn(rows, width, generator=g),
     }
-    spec = replace(ON, policy_loss=policy_loss, loss_agg_mode=agg, rollout_correction=correction)
+    spec = replace(on(policy_loss=policy_loss, loss_agg_mode=agg), rollout_correction=correction)
     scale = LossScale(global_tokens=int(mask.sum()), global_seqs=rows, dp_size=1)
     loss, _ = make_actor_loss(spec)({"log_probs": log_prob}, mb, scale)
     loss.backward()
@@ -86,8 +92,8 @@ def test_the_profile_key_reaches_the_loss_spec():
         kw = dict(device_type="cpu", dtype="float32", attn="sdpa", dist_backend="gloo")
         return build_specs(profile, **kw).policy.loss
 
-    assert spec().skip_zero_advantage is True
-    assert spec("actor.skip_zero_advantage=false").skip_zero_advantage is False
+    assert spec().actor.skip_zero_advantage is True
+    assert spec("actor.skip_zero_advantage=false").actor.skip_zero_advantage is False
 
 
 def test_the_builtin_advantage_linear_losses_declare_it():

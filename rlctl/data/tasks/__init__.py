@@ -1,4 +1,5 @@
-"""Built-in verifiable tasks: ``addition``, ``reverse``, ``sort``, ``countdown``, and the multi-turn
+"""Built-in verifiable tasks: ``addition``, ``reverse``, ``sort``, ``countdown``, ``longtail``
+(long-tailed answer lengths), and the multi-turn
 ``guess`` (higher/lower feedback) and ``calculator`` (a tool call) for :mod:`rlctl.agents`.
 
 ``get_task(name, **options)`` builds one; ``task_for_source(data_source)`` finds the verifier of a
@@ -14,6 +15,7 @@ from rlctl.data.tasks.base import SPLITS, Task, strip_answer
 from rlctl.data.tasks.calculator import CalculatorTask
 from rlctl.data.tasks.countdown import CountdownTask, evaluate_countdown, verify_countdown
 from rlctl.data.tasks.guess import GuessTask
+from rlctl.data.tasks.longtail import LongTailTask
 from rlctl.errors import UserError
 
 TASKS: dict[str, type[Task]] = {
@@ -21,6 +23,7 @@ TASKS: dict[str, type[Task]] = {
     "reverse": ReverseTask,
     "sort": SortTask,
     "countdown": CountdownTask,
+    "longtail": LongTailTask,
     "guess": GuessTask,
     "calculator": CalculatorTask,
 }
@@ -51,6 +54,7 @@ __all__ = [
     "CalculatorTask",
     "CountdownTask",
     "GuessTask",
+    "LongTailTask",
     "ReverseTask",
     "SortTask",
     "Task",

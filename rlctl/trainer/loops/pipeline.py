@@ -57,12 +57,16 @@ class RolloutPipeline:
         max_staleness: int,
         exact: bool,
         ready: list[Produced] | tuple[Produced, ...] = (),
+        chain: bool = False,
     ) -> None:
-        """``ready``: batches produced before a resume (``first`` is the one after them)."""
+        """``ready``: batches produced before a resume (``first`` is the one after them). ``chain``:
+        every published version is pushed, in order (delta pushes: each is the change from the one
+        before), instead of the newest alone."""
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         self.produce, self.push = produce, push
         self.first, self.last, self.max_staleness, self.exact = first, last, max_staleness, exact
+        self.chain = chain
         self.initial = version
         self.published: dict[int, Any] = {version: weights}
         self.loaded: int | None = None  # the version the rollout workers hold
@@ -120,6 +124,8 @@ class RolloutPipeline:
     def _forget_unneeded(self) -> None:
         newest = max(self.published)
         floor = newest if not self.exact else min(newest, self._next_required)
+        if self.chain and self.loaded is not None:  # the versions not yet pushed stay
+            floor = min(floor, self.loaded + 1)
         for v in [v for v in self.published if v < floor]:
             del self.published[v]
 
@@ -132,7 +138,9 @@ class RolloutPipeline:
             if self.stopped:
                 return None
             version = need if self.exact else max(self.published)
-            return version, self.published[version]
+            if self.chain and self.loaded is not None:  # the delta chain up to ``version``
+                return version, [(v, self.published[v]) for v in sorted(self.published) if self.loaded < v <= version]
+            return version, [(version, self.published[version])]
 
     def _run(self) -> None:
         try:
@@ -140,10 +148,12 @@ class RolloutPipeline:
                 got = self._wait_for_weights(index)
                 if got is None:
                     return
-                version, weights = got
+                version, pushes = got
                 if version != self.loaded:
-                    self.push(version, weights)
-                    self.loaded = version
+                    for v, weights in pushes:
+                        self.push(v, weights)
+                        with self.cond:
+                            self.loaded = v
                 self.out.put(self.produce(index, version))
         except BaseException as exc:  # handed to the trainer, which raises it in its own thread
             self.out.put(exc)

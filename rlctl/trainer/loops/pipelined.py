@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from rlctl.dispatch import DataProto
 from rlctl.dispatch.futures import LazyInput
 from rlctl.errors import RunError, UserError
 from rlctl.trainer.loops.pending import load_pending, save_pending
@@ -42,19 +43,54 @@ from rlctl.trainer.loops.source import Rollout, RolloutStage
 from rlctl.trainer.state.fingerprint import merge_push_metrics
 from rlctl.trainer.step.memory import peak_memory_metrics
 from rlctl.trainer.step.stages import StageTimer
+from rlctl.trainer.workers.delta_push import DELTA_KEYS
 from rlctl.trainer.workers.rollout import spawn_rollout_group
 
 
-def staleness_metrics(versions: torch.Tensor, step: int) -> dict[str, float]:
-    """``async/*``: how many policy versions the step's samples lag the policy they train."""
+def staleness_metrics(
+    versions: torch.Tensor, step: int, tokens: torch.Tensor | None = None, mask: torch.Tensor | None = None
+) -> dict[str, float]:
+    """``async/*``: how many policy versions the step's samples lag the policy they train; with
+    per-token versions (``tokens``, ``mask`` the response mask) ``async/staleness_min/mean/max``
+    are over response tokens (a sequence whose weights were swapped mid-generation counts each
+    token at its own version), else over sequences."""
     lag = (step - versions).float()
-    return {
+    out = {
         "async/staleness_mean": lag.mean().item(),
         "async/staleness_max": lag.max().item(),
+        "async/staleness_min": lag.min().item(),
         "async/weight_version_min": versions.min().item(),
         "async/weight_version_max": versions.max().item(),
         "rollout/weight_version": versions.min().item(),
     }
+    if tokens is not None and mask is not None and bool(mask.any()):
+        per_token = (step - tokens)[mask.bool()].float()
+        out.update(
+            {
+                "async/staleness_mean": per_token.mean().item(),
+                "async/staleness_max": per_token.max().item(),
+                "async/staleness_min": per_token.min().item(),
+                "async/staleness_seq_mean": lag.mean().item(),
+            }
+        )
+    return out
+
+
+def token_versions(batch: DataProto) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(per-token weight versions, response mask) of a batch, or (None, None) without them."""
+    if "token_versions" not in batch.batch:
+        return None, None
+    return batch.batch["token_versions"], batch.batch["response_mask"]
+
+
+def oldest_sampled(batch: DataProto) -> int:
+    """The oldest weight version any response token of ``batch`` was sampled with (its rows'
+    oldest where it carries no per-token versions)."""
+    tokens, mask = token_versions(batch)
+    sampled = None if tokens is None else tokens[mask.bool()]
+    if sampled is not None and sampled.numel():
+        return int(sampled.min())
+    return int(batch.batch["weight_version"].min())
 
 
 class Pipeline:
@@ -95,6 +131,7 @@ class Pipeline:
                 max_staleness=self.max_staleness,
                 exact=self.exact,
                 ready=ready,
+                chain=self.ctx.profile.rollout.delta_sync,
             ).start()
             try:
                 yield
@@ -118,7 +155,7 @@ class Pipeline:
             self.pipeline.publish(step + 1, self._weights(step + 1))
 
     def staleness(self, rollout: Rollout, step: int) -> dict[str, float]:
-        out = staleness_metrics(rollout.versions, step)
+        out = staleness_metrics(rollout.versions, step, *token_versions(rollout.batch))
         if out["async/staleness_max"] > self.max_staleness:  # the pipeline's gate makes this impossible
             raise RunError(
                 f"sample staleness {out['async/staleness_max']:g} above the bound {self.max_staleness}"
@@ -153,9 +190,9 @@ class Pipeline:
         timer = StageTimer()
         with self.gate:
             batch, counts = self.stage(timer, index, self.group)
-        versions = batch.batch["weight_version"]
-        if int(versions.min()) < self.pipeline.required(index):
-            raise RunError(f"batch {index} has samples of version {int(versions.min())}, older than allowed")
+        oldest = oldest_sampled(batch)  # per token: a swap mid-generation leaves older tokens behind
+        if oldest < self.pipeline.required(index):
+            raise RunError(f"batch {index} has samples of version {oldest}, older than allowed")
         counts = {**counts, **self.push_checks}  # the checks of the weights it was generated with
         # the rollout workers' peak, read here between their calls (from the trainer's thread the
         # call would wait behind their next generation)
@@ -165,7 +202,10 @@ class Pipeline:
     def _push(self, version: int, weights: LazyInput) -> None:
         """Load ``version`` into the rollout workers; each checks it (``sync/fingerprint_*``, and
         ``sync/canary_*`` where the canary is due)."""
-        self.push_checks = merge_push_metrics(self.group.update_weights(weights, version))
+        results = self.group.update_weights(weights, version)
+        if any(r.get("sync/need_full") for r in results):  # a version gap: the last published, whole
+            results = self.group.update_weights(self.ctx.policy.published_full(), version)
+        self.push_checks = merge_push_metrics(results) | {k: results[0][k] for k in DELTA_KEYS if k in results[0]}
 
     def _weights(self, version: int) -> LazyInput:
         """The policy's current weights (version ``version``) as a stand-in the rollout workers

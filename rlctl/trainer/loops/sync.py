@@ -57,7 +57,7 @@ class Trainer:
         ctx: RunContext,
         *,
         max_steps: int | None = None,
-        resume: str = "auto",
+        resume: checkpoint.ResumePlan | None = None,
         source: RolloutSource | None = None,
     ) -> None:
         self.ctx = ctx
@@ -66,7 +66,7 @@ class Trainer:
         self.p = replace(ctx.profile, algorithm=algo)
         self.source = source if source is not None else Colocated(ctx)  # trainer.mode = "sync"
         self.total_steps = min(self.p.trainer.steps, max_steps or self.p.trainer.steps)
-        self.resume = resume
+        self.resume = resume or checkpoint.ResumePlan(None, checkpoint.new_lineage())  # None: fresh
         self.lineage = checkpoint.new_lineage()  # replaced by _restore's plan
         self.step = 0  # the last completed step
         self.train_time_s = 0.0
@@ -350,7 +350,7 @@ class Trainer:
 
     def _restore(self) -> Path | None:
         """Continue from ``--resume``'s checkpoint (None: fresh start) on this run's world size."""
-        plan = checkpoint.prepare_resume(self.ctx.run_dir, self.resume, check=self._check_carries_over)
+        plan = self.resume  # resolved once, before any worker started (checkpoint.prepare_resume)
         self.lineage = plan.lineage
         path = plan.path
         if path is None:
@@ -369,9 +369,6 @@ class Trainer:
             log.info("resharding the checkpoint", saved_ranks=saved_world, ranks=self.ctx.policy.world_size)
         log.info("resumed", step=self.step, path=str(path), lineage=self.lineage)
         return path
-
-    def _check_carries_over(self, path: Path, state: dict) -> None:
-        checkpoint.check_carries_over(path, state, self._checkpointed_roles())
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _record(self, exc: RunError) -> RunError:

@@ -126,7 +126,7 @@ def fit_checks(profile: Profile, plan: Any, verdicts: list[Check]) -> None:
         if (p.actor.param_offload or p.actor.optimizer_offload) and plan.device_type != "cpu"
         else actor.state
     )
-    roles_mem: dict[str, Any] = {"actor": mem.as_gib_dict(actor)}
+    roles_mem: dict[str, Any] = {"policy": mem.as_gib_dict(actor)}
     transient = actor.gathered + actor.activations + actor.logits
     if "critic" in plan.roles:
         critic = mem.training_memory(

@@ -56,9 +56,9 @@ def memory_lines(memory: dict[str, Any]) -> list[str]:
         return []
     roles = memory["roles"]
     out = [f"memory per device (GiB; device {_g(memory['device_gib'])}):"]
-    a = roles["actor"]
+    a = roles["policy"]
     out.append(
-        f"  actor    weights {_g(a['weights_gib'])}  grads {_g(a['grads_gib'])}  optimizer "
+        f"  policy   weights {_g(a['weights_gib'])}  grads {_g(a['grads_gib'])}  optimizer "
         f"{_g(a['optimizer_gib'])}  gathered {_g(a['gathered_gib'])}  logits {_g(a['logits_gib'])}"
     )
     out.append(

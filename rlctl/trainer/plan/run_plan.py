@@ -1,4 +1,5 @@
-"""One resolution of a run: profile + this host (or a target device spec) -> a ``RunPlan``.
+"""One resolution of a run: profile + a host description (this host, or a ``--hardware`` target
+described as a real host, :mod:`.host`) -> a ``RunPlan``, through one code path.
 
 The plan names the platform, the devices, the collective backend and, per role (actor, rollout,
 ref, critic), the engine with the kernel setting the platform gives it (``EngineSettings``), its
@@ -10,20 +11,21 @@ train`` writes it to ``RUN_DIR/plan.json`` and builds its workers from it, ``rlc
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from rlctl.engines.engine_fields import resolve_engine_kwargs
 from rlctl.errors import UserError
 from rlctl.platforms.base import EngineSettings, Platform
-from rlctl.platforms.catalogue import DeviceSpec, cpu_spec
+from rlctl.platforms.catalogue import DeviceSpec
 from rlctl.platforms.pin_checks import evaluate_pins, pin_record
 from rlctl.profile.schema import Profile
 from rlctl.trainer.plan import choices
 from rlctl.trainer.plan.fit import fit_checks
+from rlctl.trainer.plan.host import HostDescription, described_host, this_host
 from rlctl.trainer.plan.shape import ModelShape
-from rlctl.trainer.plan.target import describe_target, target_host
+from rlctl.trainer.plan.specs import build_specs, moved_model
 from rlctl.verdict import FAIL, PASS, Check
 
 # distributions each engine runs on (the rollout engines' come from the platform)
@@ -32,7 +34,8 @@ TRAIN_DISTS = ("torch", "transformers")
 
 @dataclass(frozen=True)
 class RolePlan:
-    """What one role runs: engine, kernel setting, environment, versions, pins."""
+    """What one role runs: engine, kernel setting, environment, the spec its workers are built
+    from; and what the host says of it (installed versions, pin verdicts)."""
 
     role: str
     engine: str
@@ -40,12 +43,14 @@ class RolePlan:
     settings: EngineSettings
     versions: dict[str, str | None] = field(default_factory=dict)
     pins: list[Check] = field(default_factory=list)  # judged pins (platforms.pin_checks)
+    spec: Any = None  # the role's spec (plan.specs): exactly what its workers receive
 
     @property
     def kernel(self) -> str | None:
         return self.settings.kernel
 
     def to_dict(self) -> dict[str, Any]:
+        """The resolved part (the host's versions and pins are :meth:`RunPlan.to_dict`'s ``host``)."""
         return {
             "role": self.role,
             "engine": self.engine,
@@ -54,8 +59,7 @@ class RolePlan:
             "engine_kwargs": dict(self.settings.engine_kwargs),
             "env": dict(self.settings.env),
             "settings": self.settings.to_dict(),
-            "versions": dict(self.versions),
-            "pins": [pin_record(p) for p in self.pins],
+            "spec": asdict(self.spec) if self.spec is not None else None,
         }
 
 
@@ -90,11 +94,36 @@ class RunPlan:
     def failures(self) -> list[Check]:
         return [c for c in self.checks if c.verdict == FAIL]
 
+    @property
+    def checkpointed_roles(self) -> list[str]:
+        """The roles whose state a checkpoint of this run holds (the driver state lists them)."""
+        return ["policy"] + (["critic"] if "critic" in self.roles else [])
+
+    @property
+    def policy(self) -> RolePlan:
+        """The policy's training side (its rollout engine is ``roles["rollout"]``)."""
+        return self.roles["policy"]
+
     def to_dict(self) -> dict[str, Any]:
+        """``host``: what the host description says (which host, why this platform, installed
+        versions, pin verdicts); every other key is resolved from the profile and the host's
+        kind, so a run's ``plan.json`` and ``rlctl plan --hardware`` for the same kind of host
+        agree on them byte for byte (:meth:`resolved_dict`)."""
+        return {
+            "host": {
+                "target": self.target,
+                "platform_reason": self.platform_reason,
+                "versions": {name: dict(r.versions) for name, r in self.roles.items()},
+                "pins": {name: [pin_record(p) for p in r.pins] for name, r in self.roles.items()},
+            },
+            **self.resolved_dict(),
+        }
+
+    def resolved_dict(self) -> dict[str, Any]:
+        """Everything :meth:`to_dict` holds but the ``host`` section."""
         return {
             "profile": self.profile,
-            "target": self.target,
-            "platform": {"name": self.platform, "reason": self.platform_reason},
+            "platform": {"name": self.platform},
             "device": self.device.to_dict(),
             "nodes": self.nodes,
             "devices_per_node": self.devices_per_node,
@@ -114,32 +143,14 @@ class RunPlan:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str) + "\n"
 
+    def with_model_path(self, old: str, new: str) -> RunPlan:
+        """This plan with every spec loading ``old`` loading ``new`` instead (a built-in model
+        made into the run's own directory after planning); nothing else changes."""
+        roles = {name: replace(r, spec=moved_model(r.spec, old, new)) for name, r in self.roles.items()}
+        return replace(self, roles=roles)
+
     def write(self, path: Path) -> None:
         path.write_text(self.to_json())
-
-
-def _target_platform(device: DeviceSpec, count: int, engine: str | None = None) -> Platform:
-    """The built-in platform that drives ``device``, answering as on a host of ``count`` of them
-    with a supported install of its torch build and of ``engine`` (:mod:`.target`)."""
-    import importlib
-
-    from rlctl.platforms.resolve import BUILTINS
-
-    module, _, name = BUILTINS[device.platform].partition(":")
-    cls = getattr(importlib.import_module(module), name)
-    return describe_target(cls(host=target_host(device, cls.torch_flavours[0], engine)), device, count)
-
-
-def _rollout_engine_for_target(profile: Profile, platform: Platform) -> str:
-    asked = profile.rollout.engine
-    if asked != "auto":
-        if asked not in platform.rollout_engines():
-            raise UserError(
-                f"{profile.source}: rollout.engine: {asked} does not run on the {platform.name} platform; "
-                f"expected one of {', '.join(platform.rollout_engines())} (or auto)"
-            )
-        return asked
-    return next((e for e in platform.engine_order if e != "hf"), "hf")
 
 
 def _settings(profile: Profile, platform: Platform, engine: str, role: str) -> EngineSettings:
@@ -166,10 +177,6 @@ def _settings(profile: Profile, platform: Platform, engine: str, role: str) -> E
     return settings
 
 
-def _versions(platform: Platform, dists: tuple[str, ...], known: bool) -> dict[str, str | None]:
-    return {d: (platform.host.dists.version(d) if known else None) for d in dists}
-
-
 def resolve_plan(
     profile: Profile,
     *,
@@ -178,90 +185,66 @@ def resolve_plan(
 ) -> RunPlan:
     """The run ``profile`` describes, on this host (``hardware`` None) or on ``hardware`` =
     (device spec, devices per node). ``platform`` lets callers (tests) hand in a resolved one."""
-    p = profile
-    if hardware is None:
-        platform = platform or choices.usable_platform(p)
-        dtype = choices.compute_dtype(p, platform)
-        rollout = choices.rollout_engine(p, platform)
-        choices.check_engine_keys(p, rollout)
-        choices.check_lora(p)
-        device = cpu_spec(platform.host) if platform.device_type == "cpu" else _probed_device(platform)
-        nodes, per_node, target = p.cluster.nodes, p.cluster.devices_per_node, "this host"
-        reason = platform.resolution.reason if platform.resolution else "given by caller"
-    else:
-        device, per_node = hardware
-        if platform is None:
-            rollout = _rollout_engine_for_target(p, _target_platform(device, per_node))
-            platform = _target_platform(device, per_node, rollout)
-        else:
-            rollout = _rollout_engine_for_target(p, platform)
-        dtype = choices.compute_dtype(p, platform)  # from the target's compute capability, as on its host
-        choices.check_engine_keys(p, rollout)
-        choices.check_lora(p)
-        nodes, target = p.cluster.nodes, f"{device.name}:{per_node}"
-        reason = (
-            f"target hardware {target} ({device.source}; {device.arch or 'arch n/a'}, "
-            f"{device.interconnect or 'link n/a'}); kernels as on a host with the vendor's torch build "
-            f"and the rollout engine's own requirements, no optional packages"
-        )
-    known = hardware is None
-    verdicts = evaluate_pins(platform, rollout) if known else []
+    host = this_host(profile, platform) if hardware is None else described_host(*hardware, platform)
+    return resolve_on(profile, host)
+
+
+def resolve_on(profile: Profile, host: HostDescription) -> RunPlan:
+    """The one resolution: ``profile`` against ``host`` (this host's probe or a described target),
+    every choice made by the same helpers whichever it is."""
+    p, platform = profile, host.platform
+    dtype = choices.compute_dtype(p, platform)
+    rollout = choices.rollout_engine(p, platform)
+    choices.check_engine_keys(p, rollout)
+    choices.check_lora(p)
+    verdicts = evaluate_pins(platform, rollout) if host.versions_known else []  # a target's are unknown
     rollout_dists = tuple(platform.engine_dists.get(rollout, (rollout,)))
+    settings = {
+        "policy": _settings(p, platform, "fsdp", "policy"),
+        "rollout": _settings(p, platform, rollout, "rollout"),
+    }
+    specs = build_specs(
+        p,
+        device_type=platform.device_type,
+        dtype=dtype,
+        attn=settings["policy"].kernel or "sdpa",
+        dist_backend=platform.dist_backend,
+        rollout_engine=rollout,
+        vendor=platform.name,
+        rollout_engine_kwargs=settings["rollout"].engine_kwargs,
+    )
     roles: dict[str, RolePlan] = {}
 
-    def role(name: str, engine: str, role_dtype: str, dists: tuple[str, ...]) -> RolePlan:
+    def role(name: str, engine: str, dists: tuple[str, ...], spec: Any) -> RolePlan:
         pins = [v for v in verdicts if v.details["package"] in (None, *dists)]
-        return RolePlan(
-            name,
-            engine,
-            role_dtype,
-            _settings(p, platform, engine, name),
-            _versions(platform, dists, known),
-            pins,
-        )
+        versions = {d: host.version(d) for d in dists}
+        setting = settings.get(name) or _settings(p, platform, engine, name)
+        return RolePlan(name, engine, dtype, setting, versions, pins, spec)
 
-    roles["actor"] = role("actor", "fsdp", dtype, TRAIN_DISTS)
-    roles["rollout"] = role("rollout", rollout, dtype, rollout_dists + ("torch",))
-    if p.uses_reference and p.actor.lora is None:  # a LoRA actor is its own reference (adapter off)
-        roles["ref"] = role("ref", "fsdp", dtype, TRAIN_DISTS)
-    if p.uses_critic:
-        roles["critic"] = role("critic", "fsdp", dtype, TRAIN_DISTS)
+    roles["policy"] = role("policy", "fsdp", TRAIN_DISTS, specs.policy)
+    roles["rollout"] = role("rollout", rollout, rollout_dists + ("torch",), specs.policy.rollout)
+    if specs.ref is not None:  # a LoRA actor is its own reference (adapter off): no ref role
+        roles["ref"] = role("ref", "fsdp", TRAIN_DISTS, specs.ref)
+    if specs.critic is not None:
+        roles["critic"] = role("critic", "fsdp", TRAIN_DISTS, specs.critic)
     plan = RunPlan(
         profile=p.source,
-        target=target,
+        target=host.label,
         platform=platform.name,
-        platform_reason=reason,
-        device=device,
-        nodes=nodes,
-        devices_per_node=per_node,
+        platform_reason=host.reason,
+        device=host.device,
+        nodes=p.cluster.nodes,
+        devices_per_node=host.devices_per_node,
         device_type=platform.device_type,
         dist_backend=platform.dist_backend,
         ray_resource=platform.ray_resource,
         dtype=dtype,
-        env=platform.rollout_env() if known else dict(platform.vendor_env()),
+        env=platform.rollout_env(),  # a target has no user environment: rlctl's defaults
         roles=roles,
         platform_object=platform,
     )
     fit_checks(p, plan, verdicts)
     return plan
-
-
-def _probed_device(platform: Platform) -> DeviceSpec:
-    """This host's accelerator as the probe read it (memory from the SMI query where it has one),
-    named by the closest catalogue entry when the probe gives a product name."""
-    from rlctl.platforms.catalogue import CATALOGUE
-
-    details = platform.probe().details
-    devices = details.get("devices") or []
-    name = str(devices[0].get("name", "")) if devices and isinstance(devices[0], dict) else ""
-    total = devices[0].get("memory_total") if devices and isinstance(devices[0], dict) else None
-    mem = round(int(total) / (1 << 30), 2) if isinstance(total, int) else None  # SMI: bytes
-    for key, spec in CATALOGUE.items():
-        if key in name.lower().replace(" ", ""):
-            return spec if mem is None else DeviceSpec(**{**spec.to_dict(), "memory_gib": float(mem)})
-    return DeviceSpec(
-        name or platform.name, platform.name, float(mem or 0.0), None, None, None, "probe of this host"
-    )
 
 
 def refuse_failures(plan: RunPlan) -> None:

@@ -7,15 +7,12 @@ worker code serves any front end.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlctl.engines.lora import LoraSpec
 from rlctl.engines.optim import OptimConfig
-from rlctl.profile.schema import Profile
+from rlctl.profile.schema import ActorSection, AlgorithmSection, Profile
 from rlctl.trainer.plan.rollout_tp import rollout_rank_order
-
-if TYPE_CHECKING:
-    from rlctl.trainer.plan.run_plan import RunPlan
 
 
 @dataclass(frozen=True)
@@ -40,25 +37,17 @@ class EngineSpec:
 
 @dataclass(frozen=True)
 class ActorLossSpec:
-    """Knobs of the actor objective (policy loss + entropy bonus + KL loss)."""
+    """The actor objective (policy loss + entropy bonus + KL loss, ``workers.losses``): the
+    profile's ``[actor]`` and ``[algorithm]`` sections as they are, and the two values the run
+    derives from them."""
 
-    policy_loss: str = "vanilla"
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0
-    loss_agg_mode: str = "token-mean"
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    norm_constant: float | None = None
-    # train/inference mismatch correction computed in the loss when the driver did not (no
-    # old-log-prob pass: the update's own detached log-probs are the proximal policy's)
+    actor: ActorSection = ActorSection()  # policy_loss, clip ratios, loss_agg_mode, entropy, KL loss
+    algorithm: AlgorithmSection = AlgorithmSection()  # rollout_correction_mode / _threshold
+    norm_constant: float | None = None  # seq-mean-token-sum-norm's divisor: rollout.max_new_tokens
+    # the train/inference mismatch correction the loss computes when the driver did not (no
+    # old-log-prob pass: the update's own detached log-probs are the proximal policy's); the
+    # off-policy modes always correct (effective_rollout_correction)
     rollout_correction: str = "off"
-    rollout_correction_mode: str = "truncate"
-    rollout_correction_threshold: float = 2.0
-    # leave sequences whose gradient is exactly zero out of the forward (workers.losses)
-    skip_zero_advantage: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,6 +74,7 @@ class RolloutSpec:
     vendor: str = "cpu"  # the platform: the engine registry is keyed by it
     # the engine's keywords: the platform's engine_settings(engine) under rollout.engine_kwargs
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    delta_sync: bool = False  # rollout.delta_sync: pushes send what changed (trainer/workers/delta_push.py)
 
 
 @dataclass(frozen=True)
@@ -195,20 +185,7 @@ def build_specs(
             grad_clip=p.actor.grad_clip,
         ),
         loss=ActorLossSpec(
-            policy_loss=p.actor.policy_loss,
-            clip_ratio_low=p.actor.clip_ratio_low,
-            clip_ratio_high=p.actor.clip_ratio_high,
-            clip_ratio_c=p.actor.clip_ratio_c,
-            loss_agg_mode=p.actor.loss_agg_mode,
-            entropy_coeff=p.actor.entropy_coeff,
-            use_kl_loss=p.actor.use_kl_loss,
-            kl_loss_coef=p.actor.kl_loss_coef,
-            kl_loss_type=p.actor.kl_loss_type,
-            norm_constant=float(p.rollout.max_new_tokens),
-            rollout_correction=effective_rollout_correction(p),
-            rollout_correction_mode=p.algorithm.rollout_correction_mode,
-            rollout_correction_threshold=p.algorithm.rollout_correction_threshold,
-            skip_zero_advantage=p.actor.skip_zero_advantage,
+            p.actor, p.algorithm, float(p.rollout.max_new_tokens), effective_rollout_correction(p)
         ),
         update=update,
         rollout=RolloutSpec(
@@ -218,6 +195,7 @@ def build_specs(
             rank_order=rollout_rank_order(p)[0],
             gpu_memory_utilization=p.rollout.gpu_memory_utilization,
             vendor=vendor,
+            delta_sync=p.rollout.delta_sync,
             engine_kwargs={"attn_implementation": attn}
             if rollout_engine == "hf"
             else dict(rollout_engine_kwargs or {}),
@@ -262,17 +240,9 @@ def build_specs(
     return RoleSpecs(policy=policy, ref=ref, critic=critic)
 
 
-def specs_from_plan(profile: Profile, plan: RunPlan) -> RoleSpecs:
-    """The specs of exactly the run ``plan`` resolved: its device, dtype, the actor's kernel, the
-    collective backend, the rollout engine and that engine's keywords (nothing re-resolved)."""
-    rollout = plan.roles["rollout"]
-    return build_specs(
-        profile,
-        device_type=plan.device_type,
-        dtype=plan.dtype,
-        attn=plan.roles["actor"].kernel or "sdpa",
-        dist_backend=plan.dist_backend,
-        rollout_engine=rollout.engine,
-        vendor=plan.platform,
-        rollout_engine_kwargs=rollout.settings.engine_kwargs,
-    )
+def moved_model(spec: Any, old: str, new: str) -> Any:
+    """``spec`` (a role's spec, or None) with its engine's ``model_path`` ``new`` where it was ``old``."""
+    engine = getattr(spec, "engine", None)
+    if not isinstance(engine, EngineSpec) or engine.model_path != old:
+        return spec
+    return replace(spec, engine=replace(engine, model_path=new))

@@ -3,8 +3,9 @@
 ``rlctl plan --hardware b200:8`` must name the kernels a run on a B200 host picks, so the target
 platform answers through the same code as on a real host: its probe details hold the catalogue's
 compute capability (NVIDIA) or gfx arch (ROCm) and the device's memory in the vendor tool's unit,
-and its installed distributions are a supported install of the vendor's torch build plus the
-rollout engine the run uses with the packages that engine's own wheel requires:
+and its installed distributions are a supported install of the vendor's torch build plus every
+rollout engine the platform runs, each with the packages that engine's own wheel requires (so
+``rollout.engine = auto`` picks as on a host with all of them, through the same code as a run):
 
 - vllm 0.33.0 METADATA ``Requires-Dist: flashinfer-python==0.7.2.post1`` (its CUDA build);
 - sglang 0.5.23 METADATA ``Requires-Dist: flashinfer_python[cu13]==0.7.2``;
@@ -38,12 +39,14 @@ PLATFORM_INSTALL: dict[str, tuple[str, ...]] = {
 }
 
 
-def target_host(device: DeviceSpec, torch_flavour: str, engine: str | None = None) -> Host:
-    """A host with the vendor's torch build, the platform's packages and ``engine``'s (no files,
-    no versions: every distribution is present with an unknown version)."""
+def target_host(device: DeviceSpec, torch_flavour: str) -> Host:
+    """A host with the vendor's torch build, the platform's packages and every rollout engine's
+    (no files, no versions: every distribution is present with an unknown version; no user
+    environment, so the workers' vendor variables are rlctl's defaults)."""
     host = Host(root=Path("/nonexistent-plan-target"), env={}, path=[], smi=lambda vendor: {"ok": False})
     names = PLATFORM_INSTALL.get(device.platform, ("torch", "transformers"))
-    names += ENGINE_INSTALL.get(device.platform, {}).get(engine or "", ())
+    for engine_names in ENGINE_INSTALL.get(device.platform, {}).values():
+        names += tuple(n for n in engine_names if n not in names)
     index = DistIndex([])
     index._by_name = {n: Dist(name=n, version="", requires=(), location="") for n in names}
     host.__dict__["dists"] = index

@@ -4,23 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from rlctl.dispatch import DataProto, WorkerGroup, spawn_colocated
+from rlctl.dispatch import DataProto, spawn_colocated
 from rlctl.dispatch.mesh import Mesh
 from rlctl.dispatch.pool import ResourcePool
 from rlctl.errors import UserError
 from rlctl.log import get_logger
 from rlctl.profile.schema import Profile
-from rlctl.trainer.plan.run_plan import RunPlan, resolve_plan
-from rlctl.trainer.plan.specs import specs_from_plan
+from rlctl.trainer.plan.run_plan import RunPlan
 from rlctl.trainer.setup.evaluate import scorer_for
 from rlctl.trainer.setup.models import load_tokenizer, stop_token_ids
 from rlctl.trainer.setup.prompts import PromptSource, load_prompts
 from rlctl.trainer.step.scoring import BatchScorer
+from rlctl.trainer.workers.handles import HANDLES, CriticGroup, PolicyGroup, ReferenceGroup
 from rlctl.trainer.workers.roles import CriticWorker, PolicyWorker, ReferenceWorker
+from rlctl.trainer.workers.rollout_engines import needs_node_devices
 
 log = get_logger("rlctl.setup")
 
@@ -34,9 +35,9 @@ class RunContext:
     train_data: PromptSource
     val_prompts: DataProto | None
     reward: BatchScorer
-    policy: WorkerGroup
-    ref: WorkerGroup | None
-    critic: WorkerGroup | None
+    policy: PolicyGroup
+    ref: ReferenceGroup | PolicyGroup | None  # a LoRA policy is its own reference (adapter off)
+    critic: CriticGroup | None
     stop_ids: list[int]  # every token that ends a response (see models.stop_token_ids)
     pool: ResourcePool | None = None  # the groups' placement groups, released at shutdown
     plan: RunPlan | None = None  # what the workers were built from (RUN_DIR/plan.json)
@@ -83,7 +84,7 @@ def quiet_driver_threads(backend: str) -> int | None:
     return threads
 
 
-def _check_rollout_log_probs(profile: Profile, policy: WorkerGroup) -> None:
+def _check_rollout_log_probs(profile: Profile, policy: PolicyGroup) -> None:
     """Rollout correction reweights by the rollout engine's log-probs: refuse to run on wrong ones."""
     algo, r = profile.algorithm, profile.rollout
     if algo.rollout_correction == "off":
@@ -97,10 +98,9 @@ def _check_rollout_log_probs(profile: Profile, policy: WorkerGroup) -> None:
         )
 
 
-def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) -> RunContext:
-    """Load data and reward, spawn the colocated worker groups ``plan`` names (resolved here
-    when the caller has none)."""
-    plan = plan or resolve_plan(profile)
+def build_context(profile: Profile, run_dir: Path, plan: RunPlan) -> RunContext:
+    """Load data and reward, spawn the colocated worker groups ``plan`` names, each worker built
+    from its role plan's spec (the run's one resolution: nothing is resolved here)."""
     platform = plan.platform_object
     tokenizer = load_tokenizer(
         profile.model.tokenizer or profile.model.path,
@@ -120,20 +120,20 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) 
         check_openai_agent(
             profile.agent.openai_agent, base_dir, tokenizer, f"{profile.source}: agent.openai_agent"
         )
-    specs = specs_from_plan(profile, plan)
-    dtype, attn, engine = plan.dtype, specs.policy.engine.attn_implementation, specs.policy.rollout.engine
+    policy = plan.policy.spec  # each worker gets its role's spec from the plan (RUN_DIR/plan.json)
+    dtype, attn, engine = plan.dtype, policy.engine.attn_implementation, policy.rollout.engine
     roles: dict[str, type] = {"policy": PolicyWorker}
-    init: dict[str, dict] = {"policy": {"spec": specs.policy}}
-    if specs.ref is not None:
-        roles["ref"], init["ref"] = ReferenceWorker, {"spec": specs.ref}
-    if specs.critic is not None:
-        roles["critic"], init["critic"] = CriticWorker, {"spec": specs.critic}
+    init: dict[str, dict] = {"policy": {"spec": policy}}
+    for name, cls in (("ref", ReferenceWorker), ("critic", CriticWorker)):
+        if name in plan.roles:
+            roles[name], init[name] = cls, {"spec": plan.roles[name].spec}
     c = profile.cluster
     pool = ResourcePool(
         nodes=c.nodes,
         devices_per_node=c.devices_per_node,
         resource=plan.ray_resource,
         runtime=platform.runtime_spec(),
+        node_devices=needs_node_devices(policy),
     )
     log.info(
         "starting workers",
@@ -150,10 +150,11 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) 
         roles,
         # generation runs over the rollout replicas (Mesh.rollout); every other stage over all ranks
         mesh=Mesh.of(None, pool.world_size).with_rollout(
-            specs.policy.rollout.tensor_parallel_size, specs.policy.rollout.rank_order
+            policy.rollout.tensor_parallel_size, policy.rollout.rank_order
         ),
         backend=c.backend,
         init_kwargs=init,
+        handles={role: HANDLES[role] for role in roles},
         env=plan.env,
         address=c.address,
         default_timeout=c.call_timeout_s,
@@ -178,10 +179,12 @@ def build_context(profile: Profile, run_dir: Path, plan: RunPlan | None = None) 
         train_data=train,
         val_prompts=val,
         reward=scorer,
-        policy=groups["policy"],
+        policy=cast(PolicyGroup, groups["policy"]),  # each group is its role's handle (HANDLES)
         # a LoRA actor serves its own reference (adapter off): no second model
-        ref=groups["policy"] if specs.policy.serves_reference else groups.get("ref"),
-        critic=groups.get("critic"),
+        ref=cast(PolicyGroup, groups["policy"])
+        if policy.serves_reference
+        else cast(ReferenceGroup | None, groups.get("ref")),
+        critic=cast(CriticGroup | None, groups.get("critic")),
         stop_ids=stop_token_ids(profile.model.path, tokenizer),
         pool=pool,
         plan=plan,

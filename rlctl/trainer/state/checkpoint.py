@@ -207,15 +207,15 @@ def find_resume_point(run_dir: Path, resume: str) -> Path | None:
 
 
 def prepare_resume(
-    run_dir: Path, resume: str, check: Callable[[Path, dict[str, Any]], None] | None = None
+    run_dir: Path, resume: str, check: Callable[[Path, dict], None] | None = None, point: Path | None = None
 ) -> ResumePlan:
     """Decide what a starting run continues from, and make ``checkpoints/`` hold only its lineage.
 
-    ``check(path, driver_state)`` may refuse the resume point before anything moves.
-    ``checkpoints/`` is kept exactly when the run continues its latest checkpoint; otherwise it
-    is moved aside (never deleted), and a ``--resume PATH`` inside it is followed to its new place.
-    """
-    point = find_resume_point(run_dir, resume)
+    ``point``: a ``--resume PATH`` already read (:func:`find_resume_point`), else ``resume`` is
+    resolved here. ``check(path, driver_state)`` may refuse it before anything moves. ``checkpoints/``
+    is kept when the run continues its latest checkpoint, else moved aside (never deleted; a
+    ``--resume PATH`` inside it is followed to its new place)."""
+    point = point or find_resume_point(run_dir, resume)
     lineage = new_lineage()
     if point is not None:
         verify_files(point)

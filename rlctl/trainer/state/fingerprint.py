@@ -26,6 +26,15 @@ from rlctl.trainer.state.canary import canary_due
 
 LOGGER = "rlctl.trainer.sync"  # looked up per warning, so the current configuration applies
 
+# what a sync moved (rank 0's): bytes, and with delta pushes the changed share and the full size
+SIZE_KEYS = (
+    "sync/bytes",
+    "sync/model_bytes",
+    "sync/changed_frac",
+    "sync/full_bytes",
+    "sync/index_value_bytes",
+    "sync/delta",
+)
 SKIP_ENV = "RLCTL_INJECT_SYNC_SKIP"  # "<HF tensor name>@<step>", read on the driver (tests only)
 
 
@@ -143,7 +152,7 @@ def merge_sync_metrics(per_rank: list[dict[str, float]] | None) -> dict[str, flo
         "rollout/weight_version": records[0]["sync/weight_version"] - 1.0,  # the version this step sampled
         "sync/weight_version": records[0]["sync/weight_version"],
         # bytes loaded into rank 0's rollout engine (the full model, or a LoRA actor's adapter)
-        **{k: records[0][k] for k in ("sync/bytes", "sync/model_bytes") if k in records[0]},
+        **{k: records[0][k] for k in SIZE_KEYS if k in records[0]},
         # the largest rank's: extra memory of the planned move, rollout weights stored
         **{
             k: max(r[k] for r in records)

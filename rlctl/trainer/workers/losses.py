@@ -66,12 +66,13 @@ def make_actor_loss(spec: ActorLossSpec) -> LossFn:
     mini-batch's values, token-weighted (``rollout_corr/*`` of sequence level: per sequence),
     over all micro-batches and ranks, with true maxima and minima.
     """
-    policy_loss = get_policy_loss(spec.policy_loss)
+    a, algo = spec.actor, spec.algorithm  # the profile's [actor] and [algorithm] sections
+    policy_loss = get_policy_loss(a.policy_loss)
     base = PolicyLossConfig(
-        clip_ratio_low=spec.clip_ratio_low,
-        clip_ratio_high=spec.clip_ratio_high,
-        clip_ratio_c=spec.clip_ratio_c,
-        loss_agg_mode=spec.loss_agg_mode,
+        clip_ratio_low=a.clip_ratio_low,
+        clip_ratio_high=a.clip_ratio_high,
+        clip_ratio_c=a.clip_ratio_c,
+        loss_agg_mode=a.loss_agg_mode,
         norm_constant=spec.norm_constant,
     )
 
@@ -85,8 +86,8 @@ def make_actor_loss(spec: ActorLossSpec) -> LossFn:
             mb["rollout_log_probs"],
             mb["response_mask"],
             level=spec.rollout_correction,
-            mode=spec.rollout_correction_mode,
-            threshold=spec.rollout_correction_threshold,
+            mode=algo.rollout_correction_mode,
+            threshold=algo.rollout_correction_threshold,
         )
         return weights, {f"{CORRECTION_PREFIX}{k}": v for k, v in parts.items()}
 
@@ -100,7 +101,7 @@ def make_actor_loss(spec: ActorLossSpec) -> LossFn:
         )
         weights, corr_metrics = correction(old, mb)
         pg, pg_metrics = policy_loss(
-            old, log_prob, mb["advantages"], mask, spec.loss_agg_mode, config, weights
+            old, log_prob, mb["advantages"], mask, a.loss_agg_mode, config, weights
         )
         metrics: Metrics = {**_token_means(pg_metrics, mask), **corr_metrics}
         if "old_log_probs" not in mb and "rollout_log_probs" in mb:
@@ -110,17 +111,17 @@ def make_actor_loss(spec: ActorLossSpec) -> LossFn:
             metrics["rollout/log_prob_diff_mean"] = mean_of(gap, mask)
             metrics["rollout/log_prob_diff_max"] = max_of(gap, mask)
         agg = _agg(scale, spec.norm_constant)
-        ent = entropy_loss(out["entropy"], mask, spec.loss_agg_mode, **agg) if "entropy" in out else None
+        ent = entropy_loss(out["entropy"], mask, a.loss_agg_mode, **agg) if "entropy" in out else None
         kl = None
-        if spec.use_kl_loss:
-            kl, _ = kl_loss(log_prob, mb["ref_log_probs"], mask, spec.kl_loss_type, spec.loss_agg_mode, **agg)
+        if a.use_kl_loss:
+            kl, _ = kl_loss(log_prob, mb["ref_log_probs"], mask, a.kl_loss_type, a.loss_agg_mode, **agg)
             metrics["kl_loss"] = mean_of(
-                kl_penalty(log_prob.detach(), mb["ref_log_probs"], spec.kl_loss_type), mask
+                kl_penalty(log_prob.detach(), mb["ref_log_probs"], a.kl_loss_type), mask
             )
-        total = actor_loss(pg, ent, spec.entropy_coeff, kl, spec.kl_loss_coef)
+        total = actor_loss(pg, ent, a.entropy_coeff, kl, a.kl_loss_coef)
         with torch.no_grad():  # the policy loss without importance weights, as reported before
-            share, _ = policy_loss(old, log_prob, mb["advantages"], mask, spec.loss_agg_mode, config)
-        metrics["pg_loss"] = _loss_part(share, mask, spec.loss_agg_mode, scale)
+            share, _ = policy_loss(old, log_prob, mb["advantages"], mask, a.loss_agg_mode, config)
+        metrics["pg_loss"] = _loss_part(share, mask, a.loss_agg_mode, scale)
         if "entropy" in out:
             metrics["entropy"] = mean_of(out["entropy"], mask)
         return total, metrics
@@ -136,10 +137,10 @@ def zero_gradient_rows(spec: ActorLossSpec, mb: Batch) -> torch.Tensor | None:
     vanilla/dual-clip, gspo, cispo, gpg; never decided by its name) and there is no entropy bonus
     and no KL loss. None where nothing may be skipped."""
     if not (
-        spec.skip_zero_advantage
-        and is_advantage_linear(spec.policy_loss)
-        and spec.entropy_coeff == 0
-        and not spec.use_kl_loss
+        spec.actor.skip_zero_advantage
+        and is_advantage_linear(spec.actor.policy_loss)
+        and spec.actor.entropy_coeff == 0
+        and not spec.actor.use_kl_loss
     ):
         return None
     live = mb["response_mask"].bool()

@@ -21,16 +21,19 @@ from rlctl.dispatch import DataProto, Dispatch, Worker, register
 from rlctl.engines.batch_metrics import BatchMetrics
 from rlctl.engines.numerics import model_shape, vocab_size_of
 from rlctl.engines.registry import get_engine
+from rlctl.errors import UserError
 from rlctl.trainer.plan.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec
 from rlctl.trainer.state.canary import SyncCanary, canary_due
-from rlctl.trainer.state.fingerprint import SyncCheck, without
+from rlctl.trainer.state.fingerprint import SyncCheck, takes_salt, without
 from rlctl.trainer.step.minibatch import MINI_BATCH_ROWS, split_mini_batches
 from rlctl.trainer.step.stages import mean_metrics
+from rlctl.trainer.workers.delta_push import DeltaPublisher, colocated_delta_sync, delta_ready, fail
 from rlctl.trainer.workers.losses import make_actor_loss, make_critic_loss, zero_gradient_rows
 from rlctl.trainer.workers.memory import PeakMemory
 from rlctl.trainer.workers.planned_sync import planned_sync, stored_gib
 from rlctl.trainer.workers.rollout_engines import _model_type, rollout_engine  # noqa: F401  (re-exported)
 from rlctl.trainer.workers.sampling import _pad_responses, sample_rows  # noqa: F401  (re-exported)
+from rlctl.trainer.workers.threads import _cpu_threads, split_cpu_threads  # noqa: F401  (re-exported)
 from rlctl.trainer.workers.weight_streams import ByteCount, PublishedWeights, merged_stream, model_bytes
 
 SYNC_STATE = "sync.json"  # the actor's weight version, beside its checkpoint
@@ -48,40 +51,6 @@ def inject_fault(worker: Worker, method: str, step: int | None) -> None:
     name, _, at = where.partition("@")
     if name == method and at.isdigit() and int(at) == step and (not rank or int(rank) == worker.rank):
         raise RuntimeError(f"injected fault in {method} at step {step} ({FAULT_ENV}={spec})")
-
-
-def _cpu_threads(worker: Worker, spec: EngineSpec, side: str = "train") -> int | None:
-    """On CPU, set this rank's torch threads (Ray pins OMP_NUM_THREADS to 1); returns them.
-
-    ``platform.cpu_threads`` (``spec.cpu_threads``) > 0 is taken as given. Auto (0): the host's
-    ``local_world_size`` ranks share its cores equally. In the off-policy modes
-    (``spec.separate_rollout``) a rollout group of the same shape runs in processes of its own on
-    the same hosts (:mod:`.rollout`): its ranks (``side="rollout"``) take half the cores and
-    the training ranks the rest, so the two sides together use each core once (OpenMP threads
-    beyond the cores spin against each other). In-process workers share one process: nothing to
-    split. Every rank gets at least one thread. None off CPU (nothing set).
-    """
-    if spec.device_type != "cpu":
-        return None
-    if side not in ("train", "rollout"):
-        raise ValueError(f"side must be 'train' or 'rollout', got {side!r}")
-    if spec.cpu_threads > 0:
-        torch.set_num_threads(spec.cpu_threads)
-        return spec.cpu_threads
-    cores, ranks = os.cpu_count() or 1, max(1, worker.ctx.local_world_size)
-    threads = max(1, cores // ranks)
-    if (spec.separate_rollout or side == "rollout") and not worker.ctx.in_process:
-        rollout, train = split_cpu_threads(cores, ranks)
-        threads = rollout if side == "rollout" else train
-    torch.set_num_threads(threads)
-    return threads
-
-
-def split_cpu_threads(cores: int, ranks: int) -> tuple[int, int]:
-    """(rollout, train) threads per rank when a host's ``ranks`` training ranks share its ``cores``
-    with as many rollout ranks: half the cores to rollout, the rest to training, at least one each."""
-    rollout = max(1, cores // (2 * ranks))
-    return rollout, max(1, (cores - ranks * rollout) // ranks)
 
 
 def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool = False, lora=None):
@@ -138,6 +107,9 @@ class PolicyWorker(PeakMemory, Worker):
         self.actor = _train_engine(self, spec.engine, optim=spec.optim, lora=spec.lora)
         self.rollout = rollout_engine(spec, actor=self.actor if self.world_size == 1 else None)
         self.actor_loss = make_actor_loss(spec.loss)
+        if spec.rollout.delta_sync and not delta_ready(self.rollout):
+            raise UserError(f"rollout.delta_sync = true: {type(self.rollout).__name__} takes full weights only")
+        self.delta_base = False  # the rollout copy holds the last checked sync (delta syncs may start)
         self.sync_weights()
 
     @register(dispatch_mode=Dispatch.ROLLOUT_COMPUTE_PROTO)
@@ -248,7 +220,7 @@ class PolicyWorker(PeakMemory, Worker):
         Returns the ``sync/*`` metrics; a tensor that differs, or a canary gap too wide, fails the sync.
         """
         self.rollout.wake()
-        sent, checked, stats = ByteCount(), None, {}
+        sent, checked, stats, delta = ByteCount(), None, {}, {}
         lora = getattr(getattr(self, "spec", None), "lora", None)  # bench reshard's worker has no spec
         if lora is not None and getattr(self.rollout, "adapter_sync", False):
             self.rollout.update_weights(sent(without(self.actor.export_adapter(), skip)))
@@ -256,6 +228,9 @@ class PolicyWorker(PeakMemory, Worker):
             checked = {}
             salt = self._sync_check().next_salt(self.rollout)
             self.rollout.update_weights(sent(without(merged_stream(self.actor, lora, checked, salt), skip)))
+        elif self.world_size == 1 and self.spec.rollout.delta_sync and self.delta_base:
+            delta, bad = colocated_delta_sync(without(self.actor.export_weights("full"), skip), self.rollout)
+            fail(bad, f"weight sync {self._sync_check().version + 1}", self.rank)
         elif self.world_size == 1:
             self.rollout.update_weights(sent(without(self.actor.export_weights("full"), skip)))
         else:
@@ -270,6 +245,9 @@ class PolicyWorker(PeakMemory, Worker):
             params=None if checked is None else list(checked.items()),
         )
         out["sync/bytes"] = float(sent.bytes)
+        if getattr(self, "spec", None) is not None and self.spec.rollout.delta_sync:
+            out.update(delta or {"sync/delta": 0.0})  # a full sync: at start, after a load
+            self.delta_base = True
         if stats:  # what the planned move held beyond the two layouts (buffers + unfinished outputs)
             out["sync/peak_extra_bytes"] = float(stats["peak_extra_bytes"])
         if (stored := stored_gib(self.rollout)) is not None:  # the rollout weights this rank holds
@@ -301,7 +279,10 @@ class PolicyWorker(PeakMemory, Worker):
                 stream = self.actor.export_adapter()
             else:
                 stream = merged_stream(self.actor, self.spec.lora, {})
-            out = PublishedWeights({name: t.detach().to("cpu", copy=True) for name, t in stream})
+            if self.spec.rollout.delta_sync:  # rank 0 encodes; the others only join the gathers
+                out = self._publish_delta(stream, version)
+            else:
+                out = PublishedWeights({name: t.detach().to("cpu", copy=True) for name, t in stream})
             if canary is not None:
                 start = time.perf_counter()
                 out.canary_tokens, out.canary_scores = canary.trainer_scores(self.actor)
@@ -309,6 +290,24 @@ class PolicyWorker(PeakMemory, Worker):
                 out.canary_vocab = vocab_size_of(self.actor.model.config)
                 out.canary_s = time.perf_counter() - start
         return out if self.rank == 0 else None
+
+    def _publish_delta(self, stream, version: int | None) -> PublishedWeights:
+        """Weight version ``version`` as the delta from the last one published (:mod:`.delta_push`)."""
+        if self.rank != 0:
+            for _ in stream:
+                pass
+            return PublishedWeights({})
+        if getattr(self, "publisher", None) is None:
+            self.publisher = DeltaPublisher(getattr(torch, self.spec.rollout.dtype))
+        salt = version if version is not None and takes_salt(self.rollout) else 0
+        full, deltas, base, samples = self.publisher.publish(stream, version or 0, salt)
+        return PublishedWeights(full, deltas=deltas, base_version=base, samples=samples, version=version)
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def published_full(self) -> PublishedWeights:
+        """The last published version whole, for a rollout worker that holds another one."""
+        full, version = self.publisher.full()
+        return PublishedWeights(full, version=version)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
@@ -321,6 +320,7 @@ class PolicyWorker(PeakMemory, Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         self.actor.load_checkpoint(Path(path) / "actor")
+        self.delta_base = False  # the first sync after a load is full
         saved = Path(path) / "actor" / SYNC_STATE
         if saved.is_file():  # the sync below re-sends the saved version's weights: count it once
             self._sync_check().version = max(int(json.loads(saved.read_text())["version"]) - 1, 0)

@@ -29,11 +29,13 @@ import time
 
 import torch
 
-from rlctl.dispatch import DataProto, Dispatch, Worker, WorkerGroup, register, spawn_colocated
+from rlctl.dispatch import DataProto, Dispatch, Worker, WorkerGroup, register, remote, spawn_colocated
 from rlctl.dispatch.pool import ResourcePool
-from rlctl.trainer.plan.specs import PolicySpec, specs_from_plan
+from rlctl.engines.weight_delta import Tally
+from rlctl.trainer.plan.specs import PolicySpec
 from rlctl.trainer.state.canary import SyncCanary
 from rlctl.trainer.state.fingerprint import SyncCheck
+from rlctl.trainer.workers.delta_push import fail
 from rlctl.trainer.workers.memory import PeakMemory
 from rlctl.trainer.workers.roles import _cpu_threads, rollout_engine, sample_rows
 from rlctl.trainer.workers.weight_streams import PublishedWeights
@@ -59,8 +61,23 @@ class RolloutWorker(PeakMemory, Worker):
         published tensors, then, where the trainer sent its scores, the canary (this engine's
         scores of the canary against the trainer's). Returns the ``sync/fingerprint_*`` and
         ``sync/canary_*`` metrics; RunError on a tensor that differs or a gap past the tolerance."""
-        self.rollout.update_weights(published.weights.items())
-        self.version = int(version)
+        version = int(published.version if published.version is not None else version)
+        what = f"weight version {version} (rollout worker, {type(self.rollout).__name__})"
+        if published.deltas is not None and published.base_version is not None:
+            if published.base_version != self.version:  # a gap: the driver sends the full weights
+                return {"sync/need_full": 1.0, "sync/held_version": float(self.version)}
+            fail(self.rollout.apply_deltas(published.deltas), what, self.rank)
+            params, sizes = list(published.samples or []), Tally()
+            for delta in published.deltas:
+                sizes.add(delta)
+            sizes = {**sizes.metrics(), "sync/delta": 1.0}
+        else:
+            self.rollout.update_weights(published.weights.items())
+            params = list(published.weights.items())
+            sizes = {"sync/bytes": float(sum(t.numel() * t.element_size() for t in published.weights.values()))}
+            if published.deltas is not None or published.version is not None:
+                sizes["sync/delta"] = 0.0  # a full push of a delta-sync run
+        self.version = version
         if getattr(self, "push_check", None) is None:
             self.push_check = SyncCheck(rank=self.rank)
         self.push_check.version = self.version - 1  # the check counts this push
@@ -68,10 +85,11 @@ class RolloutWorker(PeakMemory, Worker):
             None,
             self.rollout,
             device=self.spec.engine.device_type,
-            params=list(published.weights.items()),
+            params=params,
             what=f"weight version (rollout worker, {type(self.rollout).__name__})",
         )
         checked.pop("sync/weight_version")
+        checked.update(sizes)
         if published.canary_scores is None:
             return checked
         start = time.perf_counter()
@@ -101,6 +119,8 @@ class RolloutWorker(PeakMemory, Worker):
         """As ``PolicyWorker.generate_sequences`` (same seeds, same padding), with this worker's version."""
         out = sample_rows(self.rollout, prompts, self.rank)
         out["weight_version"] = torch.full((out["responses"].shape[0],), self.version, dtype=torch.long)
+        if "token_versions" not in out:  # the engine swapped no weights mid-generation: one version
+            out["token_versions"] = out["response_mask"].long() * self.version
         return DataProto.from_dict(tensors=out, meta={"weight_version": self.version})
 
     @register(dispatch_mode=Dispatch.RANK_ZERO)
@@ -108,11 +128,20 @@ class RolloutWorker(PeakMemory, Worker):
         return self.rollout.log_prob_gap(temperature=temperature, top_p=top_p, top_k=top_k)
 
 
-def spawn_rollout_group(ctx) -> tuple[WorkerGroup, ResourcePool]:
+class RolloutGroup(WorkerGroup):
+    """The driver's typed handle on the rollout workers (:mod:`rlctl.dispatch.remote`)."""
+
+    init_model = remote(RolloutWorker.init_model)
+    update_weights = remote(RolloutWorker.update_weights)
+    generate_sequences = remote(RolloutWorker.generate_sequences)
+    rollout_log_prob_gap = remote(RolloutWorker.rollout_log_prob_gap)
+    peak_memory = remote(RolloutWorker.peak_memory)
+
+
+def spawn_rollout_group(ctx) -> tuple[RolloutGroup, ResourcePool]:
     """The run's rollout workers on a pool of their own (same shape and platform as the trainer's);
     the caller shuts the group down, then releases the pool."""
     p = ctx.profile
-    specs = specs_from_plan(p, ctx.plan)  # the run's plan, not a second resolution
     c = p.cluster
     pool = ResourcePool(
         nodes=c.nodes,
@@ -121,12 +150,13 @@ def spawn_rollout_group(ctx) -> tuple[WorkerGroup, ResourcePool]:
         runtime=ctx.platform.runtime_spec(),
         name="rollout",
     )
-    group = spawn_colocated(
+    group: RolloutGroup = spawn_colocated(  # type: ignore[assignment]  # handles= makes it one
         pool,
         {"rollout": RolloutWorker},
         mesh={"dp": pool.world_size},
         backend=c.backend,
-        init_kwargs={"rollout": {"spec": specs.policy}},
+        init_kwargs={"rollout": {"spec": ctx.plan.policy.spec}},  # the run's plan, not a second resolution
+        handles={"rollout": RolloutGroup},
         env=ctx.plan.env,
         address=c.address,
         default_timeout=c.call_timeout_s,

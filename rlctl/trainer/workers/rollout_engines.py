@@ -19,6 +19,17 @@ def _model_type(path: str) -> str:
         return "*"
 
 
+def needs_node_devices(spec: Any) -> bool:
+    """Whether the rollout engine a policy spec names must see its node's devices from each rank:
+    an engine that drives a whole tensor-parallel replica from one rank (SGLang at TP > 1, its
+    ``node_devices_at_tp``). The worker pool then asks Ray not to narrow visibility."""
+    r = spec.rollout
+    if r.tensor_parallel_size <= 1:
+        return False
+    cls = get_engine("rollout", _model_type(spec.engine.model_path), r.engine, spec.engine.device_type, r.vendor)
+    return bool(getattr(cls, "node_devices_at_tp", False))
+
+
 def rollout_engine(spec: Any, actor: Any = None) -> Any:
     """The rollout engine a policy spec names (engine registry), loaded from the spec's model.
 

@@ -48,7 +48,7 @@ def _pad_responses(out: dict[str, torch.Tensor], length: int, pad_id: int) -> di
     padded = dict(out)
     padded["responses"] = torch.cat([resp, pad_tok], 1)
     padded["input_ids"] = torch.cat([out["input_ids"], pad_tok.to(out["input_ids"])], 1)
-    for key in ("response_mask", "attention_mask", "rollout_log_probs"):
+    for key in ("response_mask", "attention_mask", "rollout_log_probs", "token_versions"):
         if key in out:
             padded[key] = torch.cat([out[key], zeros_like_rows(out[key])], 1)
     pos = out["position_ids"]

@@ -17,6 +17,7 @@ import torch
 
 from rlctl.engines.fingerprint import Sampled, sample
 from rlctl.engines.lora import ADAPTER, LoraSpec, base_name, is_adapter, scaling
+from rlctl.engines.weight_delta import TensorDelta
 
 
 @dataclass
@@ -32,6 +33,12 @@ class PublishedWeights:
     model_shape: tuple[int, int] | None = None  # (layers, hidden): the canary's tolerance
     canary_vocab: int = 0  # the vocabulary the canary tokens come from (its logit-spread scaling)
     canary_s: float = 0.0  # the trainer side's seconds
+    # delta pushes (rollout.delta_sync, :mod:`.delta_push`): ``weights`` empty, ``deltas`` from
+    # ``base_version`` (None: a full push), ``samples`` the fingerprint's of the new tensors
+    deltas: list[TensorDelta] | None = None
+    base_version: int | None = None
+    samples: list[tuple[str, Sampled]] | None = None
+    version: int | None = None  # the weight version these are (set by delta publications)
 
 
 class ByteCount:
