@@ -46,7 +46,7 @@ def test_each_mode_is_one_source_with_its_two_rules(tmp_path, trainer, kind, exa
 def test_a_pipeline_refuses_a_batch_past_its_bound(tmp_path):
     source = Pipeline(ctx_for(tmp_path, ""), exact=False, max_staleness=2)
     versions = torch.tensor([3, 5, 4])
-    rollout = Rollout(batch=DataProto.from_dict(tensors={"weight_version": versions}), versions=versions)
+    rollout = Rollout(DataProto.from_dict(tensors={"weight_version": versions}), versions)
     out = source.staleness(rollout, step=5)
     assert out["async/staleness_max"] == 2 and out["async/staleness_mean"] == 1
     assert out["rollout/weight_version"] == 3  # the oldest sample's

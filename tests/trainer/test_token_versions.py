@@ -3,7 +3,6 @@ sampled with, so a sequence whose weights were swapped mid-generation is not cou
 
 from __future__ import annotations
 
-import threading
 from types import SimpleNamespace
 
 import pytest
@@ -45,6 +44,7 @@ def test_token_versions_are_padded_with_the_responses():
 def test_a_token_older_than_the_bound_fails_its_batch(monkeypatch):
     """The rollout thread's gate looks at every response token: a row that started at an allowed
     version but holds an older token (or a row-level version that hides one) is refused."""
+
     def batch(tokens):
         return DataProto.from_dict(
             tensors={
@@ -56,16 +56,13 @@ def test_a_token_older_than_the_bound_fails_its_batch(monkeypatch):
 
     made = {}
     monkeypatch.setattr(pipelined, "peak_memory_metrics", lambda groups: {})
-    source = SimpleNamespace(
-        gate=threading.Lock(),
-        stage=lambda timer, index, group: (made["batch"], {}),
-        pipeline=SimpleNamespace(required=lambda index: 5),
-        push_checks={},
-        group=None,
-        prompts=SimpleNamespace(state_dict=lambda: {}),
+    source = Pipeline(
+        SimpleNamespace(train_data=SimpleNamespace(state_dict=lambda: {})), exact=False, max_staleness=2
     )
+    source.stage = lambda timer, index, sampler: (made["batch"], {})  # the loop's rollout stage
+    source.pipeline = SimpleNamespace(required=lambda index: 5)
     made["batch"] = batch([[5, 6, 0], [5, 5, 6]])  # the padding's 0 is no token
-    assert Pipeline._produce(source, 7, 5).index == 7
+    assert source._produce(7, 5).index == 7
     made["batch"] = batch([[5, 6, 0], [4, 5, 6]])
     with pytest.raises(RunError, match="version 4, older than allowed"):
-        Pipeline._produce(source, 7, 5)
+        source._produce(7, 5)

@@ -83,16 +83,6 @@ def token_versions(batch: DataProto) -> tuple[torch.Tensor | None, torch.Tensor 
     return batch.batch["token_versions"], batch.batch["response_mask"]
 
 
-def oldest_sampled(batch: DataProto) -> int:
-    """The oldest weight version any response token of ``batch`` was sampled with (its rows'
-    oldest where it carries no per-token versions)."""
-    tokens, mask = token_versions(batch)
-    sampled = None if tokens is None else tokens[mask.bool()]
-    if sampled is not None and sampled.numel():
-        return int(sampled.min())
-    return int(batch.batch["weight_version"].min())
-
-
 class Pipeline:
     """Batches made ahead on the rollout workers, at most ``max_staleness`` versions old."""
 
@@ -131,7 +121,7 @@ class Pipeline:
                 max_staleness=self.max_staleness,
                 exact=self.exact,
                 ready=ready,
-                chain=self.ctx.profile.rollout.delta_sync,
+                chain=self.ctx.profile.rollout.delta_sync,  # delta pushes: every version, in order
             ).start()
             try:
                 yield
@@ -190,7 +180,9 @@ class Pipeline:
         timer = StageTimer()
         with self.gate:
             batch, counts = self.stage(timer, index, self.group)
-        oldest = oldest_sampled(batch)  # per token: a swap mid-generation leaves older tokens behind
+        versions, (tokens, mask) = batch.batch["weight_version"], token_versions(batch)
+        sampled = None if tokens is None else tokens[mask.bool()]
+        oldest = int(sampled.min()) if sampled is not None and sampled.numel() else int(versions.min())
         if oldest < self.pipeline.required(index):
             raise RunError(f"batch {index} has samples of version {oldest}, older than allowed")
         counts = {**counts, **self.push_checks}  # the checks of the weights it was generated with
@@ -205,7 +197,9 @@ class Pipeline:
         results = self.group.update_weights(weights, version)
         if any(r.get("sync/need_full") for r in results):  # a version gap: the last published, whole
             results = self.group.update_weights(self.ctx.policy.published_full(), version)
-        self.push_checks = merge_push_metrics(results) | {k: results[0][k] for k in DELTA_KEYS if k in results[0]}
+        self.push_checks = merge_push_metrics(results) | {
+            k: results[0][k] for k in DELTA_KEYS if k in results[0]
+        }
 
     def _weights(self, version: int) -> LazyInput:
         """The policy's current weights (version ``version``) as a stand-in the rollout workers
