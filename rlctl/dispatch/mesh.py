@@ -17,6 +17,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from rlctl import rank_order
+
 DP_AXIS = "dp"
 
 
@@ -97,15 +99,16 @@ class Mesh:
             raise ValueError(
                 f"rollout tensor-parallel {tp} does not divide the mesh's {self.world_size} ranks"
             )
-        if order not in ("contiguous", "strided"):
-            raise ValueError(f"rollout rank order {order!r}; expected 'contiguous' or 'strided'")
+        if order not in rank_order.RANK_ORDERS:
+            raise ValueError(f"rollout rank order {order!r}; expected one of {', '.join(rank_order.RANK_ORDERS)}")
         return Mesh(self.shape, tp, order)
 
     def rollout(self) -> Mesh:
         """The mesh generation runs over: ``world / rollout_tp`` DP replicas of ``rollout_tp`` TP
-        ranks, laid out in the rollout order (strided = the TP axis outermost)."""
+        ranks, laid out in the rollout order (:func:`rlctl.rank_order.axes`: strided = the TP axis
+        outermost)."""
         dp = self.world_size // self.rollout_tp
         if self.rollout_tp == 1:
             return Mesh(((DP_AXIS, dp),))
-        axes = ((DP_AXIS, dp), ("tp", self.rollout_tp))
-        return Mesh(axes if self.rollout_order == "contiguous" else axes[::-1])
+        sizes = {DP_AXIS: dp, "tp": self.rollout_tp}
+        return Mesh(tuple((axis, sizes[axis]) for axis in rank_order.axes(self.rollout_order)))

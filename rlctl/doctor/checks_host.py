@@ -195,9 +195,8 @@ def check_torch(p: Platform) -> Check:
 
 
 def check_driver(p: Platform) -> Check:
-    """Driver and toolkit versions as the probe read them."""
-    if p.name == "cpu":
-        return skipped("driver", "no accelerator driver needed on CPU", "driver")
+    """Driver and toolkit versions as the probe read them (a platform without a driver says so
+    through :meth:`Platform.driver_check`)."""
     probe = p.probe()
     d = probe.details
     if not probe.found:

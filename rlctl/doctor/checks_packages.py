@@ -11,38 +11,18 @@ from dataclasses import replace
 
 from packaging.specifiers import SpecifierSet
 
+from rlctl.doctor import packages
 from rlctl.platforms import Platform
 from rlctl.platforms.dists import DistIndex, parse_version
 from rlctl.platforms.pin_checks import evaluate_pins
 from rlctl.verdict import PASS, SKIP, Check, failed, passed, skipped
 
-# distribution -> required on every platform?
-PACKAGES: dict[str, bool] = {
-    "torch": True,
-    "transformers": True,
-    "ray": True,
-    "safetensors": True,
-    "tokenizers": True,
-    "nvidia-ml-py": False,
-    "pyrsmi": False,
-    "amdsmi": False,
-    "vllm": False,
-    "sglang": False,
-    "flash-attn": False,
-    "flashinfer-python": False,
-    "torch-npu": False,
-    "vllm-ascend": False,
-    "accelerate": False,
-    "peft": False,
-}
-# whose requirements the consistency check verifies (when installed)
-STACK = ("rlctl", "torch", "transformers", "ray", "vllm", "sglang", "vllm-ascend", "torch-npu", "flash-attn")
-
 
 def check_packages(p: Platform) -> list[Check]:
-    """One row per package that matters: its version, or that it is missing."""
+    """One row per package that matters: its version, or that it is missing (the list and its
+    order: :func:`rlctl.doctor.packages.packages`)."""
     rows = []
-    for name, required in PACKAGES.items():
+    for name, required in packages.packages(p).items():
         d = p.host.dists.get(name)
         if d is not None:
             rows.append(passed(f"package:{name}", f"{name} {d.version}", "packages", version=d.version))
@@ -67,18 +47,13 @@ def check_pins(
     ]
 
 
-# a platform plugin installed after its base package, whose own pins replace the base's: vLLM's
-# install order on Ascend is vllm, then vllm-ascend (0.23.0.post1 pins torch==2.10.0 where vllm
-# 0.23.0 pins torch==2.11.0), so vllm's requirement on what vllm-ascend pins does not count
-OVERRIDDEN_BY = {"vllm": "vllm-ascend"}
-
-
-def unmet_requirements(dists: DistIndex, name: str) -> list[str]:
-    """Problems with ``name``'s unconditional requirements, like pip check's lines."""
+def unmet_requirements(dists: DistIndex, name: str, overrides: Mapping[str, str] | None = None) -> list[str]:
+    """Problems with ``name``'s unconditional requirements, like pip check's lines; where
+    ``overrides`` names an installed extension of ``name``, what it requires does not count."""
     d = dists.get(name)
     if d is None:
         return []
-    plugin = dists.get(OVERRIDDEN_BY.get(name, ""))
+    plugin = dists.get((overrides or {}).get(name, ""))
     replaced = {r.name.lower() for r in plugin.requirements()} if plugin is not None else set()
     problems = []
     for req in d.requirements():
@@ -98,11 +73,12 @@ def unmet_requirements(dists: DistIndex, name: str) -> list[str]:
 def check_consistency(p: Platform) -> list[Check]:
     """For each installed member of the RL stack: are its own requirements satisfied?"""
     rows = []
-    for name in STACK:
+    overrides = packages.overrides(p)
+    for name in packages.stack(p):
         d = p.host.dists.get(name)
         if d is None:
             continue
-        problems = unmet_requirements(p.host.dists, name)
+        problems = unmet_requirements(p.host.dists, name, overrides)
         n = len(d.requirements())
         if problems:
             more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""

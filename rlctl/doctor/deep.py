@@ -15,19 +15,9 @@ import sys
 import tempfile
 from collections.abc import Mapping
 
+from rlctl.doctor import packages
 from rlctl.platforms import Platform
 from rlctl.verdict import Check, failed, passed, skipped
-
-# distribution -> module to import
-IMPORTS = {
-    "torch": "torch",
-    "transformers": "transformers",
-    "vllm": "vllm",
-    "sglang": "sglang",
-    "flash-attn": "flash_attn",
-    "torch-npu": "torch_npu",
-    "vllm-ascend": "vllm_ascend",
-}
 
 
 def _last_line(text: str) -> str:
@@ -36,10 +26,11 @@ def _last_line(text: str) -> str:
 
 
 def try_imports(p: Platform, timeout: float) -> dict[str, str]:
-    """module -> "" when it imports, else the error's last line; all children run at once."""
+    """module -> "" when it imports, else the error's last line; all children run at once (the
+    modules: :func:`rlctl.doctor.packages.imports`)."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     procs = {}
-    for dist, module in IMPORTS.items():
+    for dist, module in packages.imports(p).items():
         if p.host.dists.get(dist) is not None:
             procs[module] = subprocess.Popen(
                 [sys.executable, "-c", f"import {module}"],
@@ -99,10 +90,11 @@ def _free_port() -> int:
 
 
 def check_collective(p: Platform, timeout: float, world: int | None = None) -> Check:
-    """All-reduce across ``world`` child processes on the platform's backend (2 on CPU)."""
+    """All-reduce across ``world`` child processes on the platform's backend (the platform's
+    :meth:`~rlctl.platforms.Platform.collective_world` unless given: 2 on CPU)."""
     name = f"collective:{p.dist_backend}"
     if world is None:
-        world = 2 if p.name == "cpu" else min(2, p.device_count())
+        world = p.collective_world()
     if world < 1:
         return skipped(name, f"no {p.name} device to run a collective on", "deep")
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}

@@ -30,8 +30,8 @@ from torch import nn
 
 from rlctl.engines import fsdp_load
 from rlctl.errors import UserError
+from rlctl.rank_order import rank_grid
 
-RANK_ORDERS = ("contiguous", "strided")
 # the transformers plan styles run here (transformers 5.25 distributed/tensor_parallel.py
 # ALL_PARALLEL_STYLES): "colwise" rows of weight and bias, output sharded; "rowwise" weight
 # columns, bias whole, output all-reduced; "colwise_rep"/"colwise_gather_output" rows, output
@@ -85,18 +85,12 @@ def declared_plan(model: nn.Module) -> dict[str, str]:
 def rollout_mesh(device_type: str, world: int, tp: int, rank_order: str = "contiguous"):
     """The ``(dp, tp)`` DeviceMesh of ``world`` ranks in replicas of ``tp``: contiguous TP groups
     (ranks ``[d*tp, (d+1)*tp)``, what vLLM and verl launch) or strided ones (``{d, d+dp, ...}``,
-    HybridFlow's). Every rank of the default group must call this together."""
+    HybridFlow's; :mod:`rlctl.rank_order`). Every rank of the default group must call this together."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    if rank_order not in RANK_ORDERS:
-        raise UserError(f"rollout rank order {rank_order!r}; expected one of {', '.join(RANK_ORDERS)}")
     if tp < 1 or world % tp:
         raise UserError(f"rollout.tensor_parallel = {tp} does not divide the {world} ranks")
-    dp = world // tp
-    grid = (
-        torch.arange(world).view(dp, tp) if rank_order == "contiguous" else torch.arange(world).view(tp, dp).T
-    )
-    return DeviceMesh(device_type, grid.contiguous(), mesh_dim_names=("dp", "tp"))
+    return DeviceMesh(device_type, torch.tensor(rank_grid(world, tp, rank_order)), mesh_dim_names=("dp", "tp"))
 
 
 def _matches(pattern: str, name: str) -> bool:

@@ -19,44 +19,15 @@ import math
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from rlctl.engines.engine_specs import LoraSpec
 from rlctl.errors import UserError
 
 ADAPTER = "default"  # peft's adapter name; the only one rlctl uses
 ADAPTER_FILE = "adapter_model.safetensors"
-
-
-@dataclass(frozen=True)
-class LoraSpec:
-    """What ``[actor.lora]`` asks for (profile-independent, picklable)."""
-
-    rank: int = 16
-    alpha: float = 32.0
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("all-linear",)
-    modules_to_save: tuple[str, ...] = ()
-    export_merged: bool = False
-    seed: int = 0  # of the adapter's initial values
-
-    def peft_config(self, base_model_path: str | None = None):
-        """The ``peft.LoraConfig`` of this spec (``all-linear`` passed as peft's string form)."""
-        from peft import LoraConfig
-
-        targets = "all-linear" if list(self.target_modules) == ["all-linear"] else list(self.target_modules)
-        return LoraConfig(
-            r=self.rank,
-            lora_alpha=self.alpha,
-            lora_dropout=self.dropout,
-            target_modules=targets,
-            modules_to_save=list(self.modules_to_save) or None,
-            bias="none",
-            task_type="CAUSAL_LM",
-            base_model_name_or_path=base_model_path,
-        )
 
 
 def inject(model: nn.Module, spec: LoraSpec, *, on_meta: bool = False) -> nn.Module:

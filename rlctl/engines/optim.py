@@ -8,37 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """AdamW + warmup then constant or cosine decay to ``min_lr_ratio * lr``; ``grad_clip<=0`` disables.
-
-    ``warmup_steps`` and ``total_steps`` are in the unit of whoever steps the schedule. The RL
-    trainer steps it once per RL step, as verl does (``total_steps = trainer.steps``), so warmup
-    and decay land on the same RL steps whatever the number of mini-batches, epochs or ranks;
-    supervised fine-tuning steps it once per optimiser step. ``warmup_from_zero`` is verl's warmup
-    (the first step at LR 0); rlctl's SFT keeps the one its shipped checkpoints were made with,
-    ``(s + 1) / warmup_steps``, so its recipes still reproduce them bit for bit.
-    """
-
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    warmup_steps: int = 0
-    total_steps: int = 0
-    schedule: str = "constant"
-    min_lr_ratio: float = 0.0
-    grad_clip: float = 1.0
-    warmup_from_zero: bool = True
-
-    def __post_init__(self) -> None:
-        if self.schedule not in ("constant", "cosine"):
-            raise ValueError(f"optim.schedule must be 'constant' or 'cosine', got {self.schedule!r}")
-        if self.schedule == "cosine" and self.total_steps <= 0:
-            raise ValueError("optim.total_steps must be > 0 for the cosine schedule")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+from rlctl.engines.engine_specs import OptimConfig
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ import torch
 
 from rlctl.engines.rollout_batch import bucketed
 from rlctl.errors import UserError
+from rlctl.rank_order import rank_grid
 
 LOCAL_SERIALIZED = (  # where LocalSerializedTensor lives: 0.5.23, then 0.5.3
     "sglang.srt.model_executor.model_runner_components.weight_updater",
@@ -150,9 +151,9 @@ class SGLangTensorParallel:
             raise UserError(f"{where}: {tp} does not divide the {local_world} ranks of a node (one engine per replica, inside a node)")
         self.leader_rank = rank - rank % tp
         self.tp_group = None
-        for d in range(world // tp):  # every rank creates every group, in the same order
-            group = dist.new_group(list(range(d * tp, (d + 1) * tp)))
-            if rank // tp == d:
+        for ranks in rank_grid(world, tp, "contiguous"):  # every rank creates every group, in order
+            group = dist.new_group(ranks)
+            if rank in ranks:
                 self.tp_group = group
         missing = {"tp_size", "base_gpu_id"} - set(fields)
         if missing:

@@ -36,6 +36,7 @@ from rlctl.engines import tp_shards
 from rlctl.engines.fingerprint import fingerprint_sharded
 from rlctl.engines.vllm_worker import RlctlWorkerExtension
 from rlctl.errors import RunError, UserError
+from rlctl.rank_order import rank_grid
 
 EXECUTOR = "external_launcher"
 TP_EXTENSION = "rlctl.engines.vllm_tp.RlctlTPWorkerExtension"
@@ -59,9 +60,9 @@ def tp_group(tp: int):
 
     world, rank = dist.get_world_size(), dist.get_rank()
     mine = None
-    for d in range(world // tp):
-        group = dist.new_group(list(range(d * tp, (d + 1) * tp)))
-        if rank // tp == d:
+    for ranks in rank_grid(world, tp, "contiguous"):  # every rank creates every group, in order
+        group = dist.new_group(ranks)
+        if rank in ranks:
             mine = group
     return mine
 

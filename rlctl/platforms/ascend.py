@@ -47,6 +47,10 @@ class AscendPlatform(Platform):
     torch_install = "install the CPU build of torch that your torch_npu was built for"
     driver_fix = "install the Ascend driver and CANN (/dev/davinci* must exist), or choose another platform"
     smi_tool = "npu-smi"
+    stack_dists = {"torch-npu": "torch_npu", "vllm-ascend": "vllm_ascend"}
+    # vLLM's install order on Ascend is vllm, then vllm-ascend (0.23.0.post1 pins torch==2.10.0
+    # where vllm 0.23.0 pins torch==2.11.0): vllm's requirement on what vllm-ascend pins does not count
+    overrides = {"vllm": "vllm-ascend"}
 
     def torch_check(self, build: str) -> Check | None:
         """torch_npu must be installed, and torch must be allowed to load it."""

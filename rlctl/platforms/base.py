@@ -122,6 +122,14 @@ class Platform:
     torch_install: ClassVar[str | None] = None  # how to install the torch build this platform needs
     driver_fix: ClassVar[str | None] = None  # how to get the devices seen (driver, device files)
     smi_tool: ClassVar[str | None] = None  # the management tool whose answers the probe reads
+    # the vendor's own distributions doctor reports (a version row each): the libraries its probe
+    # or Ray reads the devices through, then its extensions of torch and the engines
+    # (distribution -> module), whose requirements doctor checks and which ``--deep`` imports
+    tool_dists: ClassVar[tuple[str, ...]] = ()
+    stack_dists: ClassVar[dict[str, str]] = {}
+    # base distribution -> the vendor's extension installed after it, whose own pins replace the
+    # base's (doctor does not hold the base to its requirements on what the extension pins)
+    overrides: ClassVar[dict[str, str]] = {}
 
     def __init__(self, host: Host | None = None) -> None:
         self.host = host if host is not None else Host()
@@ -194,6 +202,10 @@ class Platform:
     def device_count(self) -> int:
         """Devices seen by the probe (0 when not found; 1 for CPU)."""
         return len(self.probe().details.get("devices", []))
+
+    def collective_world(self) -> int:
+        """How many ranks doctor's collective test runs: one a device, at most two (0: none to run)."""
+        return min(2, self.device_count())
 
     # ------------------------------------------------------------ kernels and engines
     def attention_candidates(self) -> list[Candidate]:

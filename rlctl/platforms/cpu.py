@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import platform as _pyplatform
+from typing import Any
 
 from rlctl.platforms.base import Candidate, Platform, ProbeResult, choose
+from rlctl.verdict import Check, skipped
 
 
 class CpuPlatform(Platform):
@@ -48,3 +50,10 @@ class CpuPlatform(Platform):
     def supported_dtypes(self) -> list[str]:
         # float16 matmuls on CPU are slow or missing for many ops; bfloat16 is well supported
         return ["float32", "bfloat16"]
+
+    def driver_check(self, details: dict[str, Any]) -> Check | None:
+        return skipped("driver", "no accelerator driver needed on CPU", "driver")
+
+    def collective_world(self) -> int:
+        """Two ranks share the CPU: doctor's all-reduce always has someone to talk to."""
+        return 2

@@ -40,6 +40,7 @@ class NvidiaPlatform(Platform):
     torch_install = "install a CUDA build of torch, e.g. pip install torch --index-url https://download.pytorch.org/whl/cu128"
     driver_fix = "install/load the NVIDIA driver (nvidia-smi must work), or choose another platform with RLCTL_PLATFORM"
     smi_tool = "nvidia-ml-py"
+    tool_dists = ("nvidia-ml-py",)
 
     def _probe(self) -> ProbeResult:
         h = self.host

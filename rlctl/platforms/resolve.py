@@ -32,10 +32,15 @@ BUILTINS: dict[str, str] = {
 ALIASES = {"cuda": "nvidia", "amd": "rocm", "hip": "rocm", "npu": "ascend"}
 
 
+def builtin_type(name: str) -> type[Platform]:
+    """The class of the built-in platform ``name`` (a key of :data:`BUILTINS`)."""
+    module, _, cls = BUILTINS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
 def builtin_platform(name: str, host: Host) -> Platform:
     """The built-in platform ``name`` (a key of :data:`BUILTINS`) for ``host``."""
-    module, _, cls = BUILTINS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)(host=host)
+    return builtin_type(name)(host=host)
 
 
 def _plugin_entry_points(eps: Iterable[Any] | None) -> list[Any]:

@@ -50,6 +50,7 @@ class RocmPlatform(Platform):
     torch_install = "install a ROCm build of torch, e.g. pip install torch --index-url https://download.pytorch.org/whl/rocm6.3"
     driver_fix = "load the amdgpu driver and install ROCm (/dev/kfd must exist), or choose another platform"
     smi_tool = "pyrsmi (pip install 'rlctl[rocm]')"
+    tool_dists = ("pyrsmi", "amdsmi")  # the probe's SMI library; Ray's (ray_gpu_check)
 
     def rocm_path(self) -> str:
         return self.host.env.get("ROCM_PATH") or "/opt/rocm"

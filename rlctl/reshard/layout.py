@@ -6,8 +6,8 @@ padding). Every parameter is viewed as 2-D ``(shape[0], prod(shape[1:]))``; 1-D 
 single column. This one description covers FSDP2 dim-0 shards, Megatron TP and vLLM's TP layout, so
 one planner moves data between any two of them.
 
-Rollout rank mapping (``rank_order``) for a world of ``W`` ranks and TP degree ``q`` (``W % q == 0``,
-``W // q`` rollout replicas, each a full TP set):
+Rollout rank mapping (``rank_order``, defined in :mod:`rlctl.rank_order`) for a world of ``W``
+ranks and TP degree ``q`` (``W % q == 0``, ``W // q`` rollout replicas, each a full TP set):
 
 * ``"contiguous"`` (default, what vLLM/verl launch): TP group ``d`` is ranks ``[d*q, (d+1)*q)``;
   rollout TP rank of rank ``r`` is ``r % q``.
@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlctl.errors import UserError
+from rlctl.rank_order import tp_rank_of
 from rlctl.reshard.model import ModelSpec
 
 VLLM_VOCAB_PADDING = 64  # vllm DEFAULT_VOCAB_PADDING_SIZE: global vocab padded to a multiple of 64
@@ -130,15 +131,6 @@ def check_tp(spec: ModelSpec, tp: int, vocab_multiple: int = VLLM_VOCAB_PADDING)
     if padded % tp:
         return f"vocab padded to {padded} (multiple of {vocab_multiple}) is not divisible by tp={tp}"
     return None
-
-
-def tp_rank_of(rank: int, world: int, tp: int, rank_order: str = "contiguous") -> int:
-    """Rollout TP rank of global ``rank`` (see the module docstring for the two orders)."""
-    if rank_order == "contiguous":
-        return rank % tp
-    if rank_order == "strided":
-        return rank // (world // tp)
-    raise UserError(f"reshard: rank_order={rank_order!r}; expected 'contiguous' or 'strided'")
 
 
 def _kv_shard(spec: ModelSpec, tp: int, t: int) -> tuple[int, int]:

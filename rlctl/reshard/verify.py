@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from rlctl.errors import RunError
+from rlctl.rank_order import tp_rank_of
 
 _MASK = 0x3FFF  # 14 low bits (+ sign below): the top exponent bit of bf16/fp16 stays clear -> finite
 
@@ -134,11 +135,6 @@ def digests(tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
     return {name: digest(t) for name, t in tensors.items()}
 
 
-def tp_rank_for(rank: int, world: int, tp: int, rank_order: str) -> int:
-    """Rollout TP rank of ``rank``: contiguous groups (vLLM/verl launch) or strided (HybridFlow)."""
-    return rank % tp if rank_order == "contiguous" else rank // (world // tp)
-
-
 ROW_PARALLEL = (".o_proj.weight", ".down_proj.weight")  # split by input columns; their biases whole
 COLUMN_PARALLEL = (".q_proj.", ".k_proj.", ".v_proj.", ".gate_proj.", ".up_proj.")
 
@@ -175,7 +171,7 @@ def expected_digests(
         return [ref for _ in range(world)]
     shard = hf_tp_shard if fmt == "hf_tp" else vllm_shard
     per_tp = [digests(shard(full, cfg, t, tp)) for t in range(tp)]
-    return [per_tp[tp_rank_for(r, world, tp, rank_order)] for r in range(world)]
+    return [per_tp[tp_rank_of(r, world, tp, rank_order)] for r in range(world)]
 
 
 def mismatches(got: Sequence[Mapping[str, str]], want: Sequence[Mapping[str, str]]) -> list[str]:

@@ -77,6 +77,32 @@ def test_doctor_reads_the_vendors_words_and_pins():
     assert missing["platform"].fix == "load the toy driver (modprobe toy) and set TOY_DEVICES"
 
 
+def test_doctor_reports_the_vendors_own_packages(tmp_path, monkeypatch):
+    """The toy's management library and its torch extension (declared in toy.py only) get
+    version rows, a requirement check and, with ``--deep``, an import, as a built-in vendor's do."""
+    from rlctl.doctor.checks_packages import check_consistency, check_packages
+    from rlctl.doctor.deep import try_imports
+    from tests.platforms.fakes import make_dist
+
+    site = tmp_path / "site"
+    make_dist(site, "torch-toy", "1.2", requires=("toy-runtime>=2",))
+    (site / "torch_toy").mkdir()
+    (site / "torch_toy" / "__init__.py").write_text("raise ImportError('libtoy.so: cannot open shared object')\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    env = {"TOY_DEVICES": "1"}
+    p = resolve_platform(env=env, host=Host(env=env, path=[str(site)]), entry_points=[TOY])
+    rows = {c.name: c for c in check_packages(p)}
+    assert rows["package:torch-toy"].verdict == "PASS" and rows["package:torch-toy"].details["version"] == "1.2"
+    assert rows["package:toy-smi"].verdict == "SKIP"
+    deps = {c.name: c for c in check_consistency(p)}
+    assert deps["deps:torch-toy"].verdict == "FAIL" and "toy-runtime>=2" in deps["deps:torch-toy"].reason
+    assert "libtoy.so" in try_imports(p, timeout=60)["torch_toy"]
+    # a built-in platform on the same host knows nothing of the toy's packages
+    from rlctl.platforms.cpu import CpuPlatform
+
+    assert "package:torch-toy" not in {c.name for c in check_packages(CpuPlatform(p.host))}
+
+
 class WhereAmI(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def where(self) -> tuple[str, str, str]:

@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rlctl.engines.lora import LoraSpec
-from rlctl.engines.optim import OptimConfig
+from rlctl.engines.engine_specs import LoraSpec, OptimConfig
 from rlctl.profile.schema import ActorSection, AlgorithmSection, Profile
 from rlctl.trainer.plan.rollout_tp import rollout_rank_order
 

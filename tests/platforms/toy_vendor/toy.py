@@ -2,7 +2,7 @@
 
 Everything rlctl needs of a vendor is here and in ``toy_pins.toml`` beside it: the probe, the
 collective backend, the Ray resource, torch's name for the device, the visible-devices variable,
-the fixes doctor prints, and where its pin data is.
+the fixes doctor prints, the packages doctor reports, and where its pin data is.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ class ToyPlatform(Platform):
     torch_install = "pip install torch --index-url https://toy.example/whl/cpu"
     driver_fix = "load the toy driver (modprobe toy) and set TOY_DEVICES"
     smi_tool = "toy-smi"
+    tool_dists = ("toy-smi",)  # doctor's package rows: the library the probe reads devices through
+    stack_dists = {"torch-toy": "torch_toy"}  # the torch extension: a version, deps and import row
 
     @property
     def visible_devices_env(self) -> str:
