@@ -99,7 +99,7 @@ class Pipeline:
         self.pipeline: RolloutPipeline | None = None
         self.push_checks: dict[str, float] = {}  # the checks of the weights the rollout workers hold
         # trainer.partial_rollouts: the rollout workers take newer weights mid-generation (newer())
-        self.partial = bool(getattr(ctx.profile.trainer, "partial_rollouts", False))
+        self.partial = False  # set by running() from the profile
         self.futures: dict[int, Any] = {}  # version -> the policy's full_weights call
 
     # -- the loop's side -----------------------------------------------------------------------------
@@ -109,6 +109,7 @@ class Pipeline:
         runs to the profile's last step even when ``--max-steps`` stops earlier, so its last
         checkpoint holds the next batch, one update stale as the uninterrupted run's."""
         self.stage = stage
+        self.partial = self.ctx.profile.trainer.partial_rollouts
         self.group, pool = spawn_rollout_group(self.ctx)
         try:
             self._check_rollout_log_probs()
