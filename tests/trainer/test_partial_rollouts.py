@@ -15,6 +15,7 @@ import torch
 
 from rlctl.dispatch import DataProto
 from rlctl.engines.hf_rollout import HFRolloutEngine
+from rlctl.errors import RunError
 from rlctl.trainer.workers.rollout import RolloutWorker
 from rlctl.trainer.workers.weight_streams import PublishedWeights
 from tests.trainer.test_resume_and_failures import rlctl
@@ -65,6 +66,26 @@ def test_a_generation_spanning_a_swap_carries_both_versions_and_the_swap_is_chec
         assert torch.equal(t, new[name]), name
     # the pipeline's next push of version 4 is the swap already loaded and checked
     assert worker.update_weights(PublishedWeights(new), 4) is checks
+
+
+def test_a_swap_that_loaded_other_weights_stops_naming_the_rank(tiny_model, monkeypatch):
+    """The weights a swap loaded pass the fingerprint as a push's do: a planted wrong load fails
+    that generation, naming the rank."""
+    worker, engine = _worker(tiny_model, 3)
+    new = {n: t.detach().clone() + 0.05 for n, t in engine.local_tensors().items()}
+    real = engine.update_weights
+
+    def wrong(stream):
+        return real((name, t + 1.0 if i == 0 else t) for i, (name, t) in enumerate(stream))
+
+    monkeypatch.setattr(engine, "update_weights", wrong)
+    worker.attach_board(Board(new, after=2))
+    prompts = DataProto.from_dict(
+        tensors={"input_ids": torch.randint(3, 30, (2, 5)), "attention_mask": torch.ones(2, 5, dtype=torch.long)},
+        meta={"max_new_tokens": 6, "eos_token_id": None, "pad_token_id": 0, "seed": 1},
+    )
+    with pytest.raises(RunError, match="rank 0"):
+        worker.generate_sequences(prompts)
 
 
 def test_without_a_board_one_version_per_generation(tiny_model):
