@@ -59,7 +59,7 @@ def test_a_generation_spanning_a_swap_carries_both_versions_and_the_swap_is_chec
     assert out.batch["weight_version"].tolist() == [3, 3, 3, 3]  # each row's first version
     assert tokens[mask].min() == 3 and tokens[mask].max() == 4  # never older than the start
     assert tokens[:, :3].eq(3).all() and tokens[:, 3:][mask[:, 3:]].eq(4).all()  # swapped after token 3
-    assert worker.version == 4 and worker.held_version() == 4
+    assert worker.version == 4 and worker.held_version() == 4  # the pipeline's next push skips it
     version, checks = worker.swapped
     assert version == 4 and checks["sync/fingerprint_ok"] == 1.0
     for name, t in engine.local_tensors().items():

@@ -199,7 +199,7 @@ class Pipeline:
         if oldest < self.pipeline.required(index):
             raise RunError(f"batch {index} has samples of version {oldest}, older than allowed")
         if self.partial:  # a swap left the workers on a newer version than the last push
-            held = self.group.held_version()
+            held = min(self.group.held_version())  # the oldest rank's: a push brings the rest up
             with self.pipeline.cond:
                 self.pipeline.loaded = max(self.pipeline.loaded or 0, held)
         counts = {**counts, **self.push_checks}  # the checks of the weights it was generated with

@@ -154,9 +154,10 @@ class RolloutWorker(PeakMemory, Worker):
             out["token_versions"] = out["response_mask"].long() * start
         return DataProto.from_dict(tensors=out, meta={"weight_version": start})
 
-    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def held_version(self) -> int:
-        """The weight version the engine holds (newer than the last push after a swap)."""
+        """The weight version the engine holds (newer than the last push after a swap; each rank
+        swaps on its own, so ranks may differ)."""
         return self.version
 
     @register(dispatch_mode=Dispatch.RANK_ZERO)
