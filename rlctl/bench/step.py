@@ -44,6 +44,7 @@ from rlctl.bench.step_bare import bare_model_ratios, bare_model_shape, measure_b
 from rlctl.bench.step_baseline import run_baseline
 from rlctl.bench.step_common import (
     MODES,
+    VARIANTS,
     StepBenchConfig,
     bench_profile,
     host_matmul_gflops,
@@ -214,6 +215,9 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
                 a, b = r["time_to_sustained_s"], by[ref]["time_to_sustained_s"]
                 if a is not None and b:
                     out[f"{r['name']}_time_to_sustained_vs_{ref}"] = a / b
+    for r in ours:  # a switch against the mode it switches on
+        if r["name"] in VARIANTS and "async" in by:
+            out[f"{r['name']}_samples_per_s_vs_async"] = r["samples_per_s"] / by["async"]["samples_per_s"]
     for r in ours:
         base = by.get(f"baseline-{r['name']}")
         if base is not None:

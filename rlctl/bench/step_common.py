@@ -15,6 +15,13 @@ from rlctl.bench.step_flops import gemm_gflops
 WARMUP = 3
 SUSTAIN = 3
 MODES = ("sync", "one_step_off", "async")
+# rows beyond the three modes: a mode with a switch on (the long-tail task's rows,
+# docs/async-rollouts.md); each is the named mode's profile plus these keys
+VARIANTS = {
+    "async-partial": ("trainer.mode=async", "trainer.partial_rollouts=true"),
+    "async-delta": ("trainer.mode=async", "rollout.delta_sync=true"),
+}
+ROWS = (*MODES, *VARIANTS)
 
 
 def shipped_profile() -> Path:
@@ -152,7 +159,7 @@ def bench_profile(cfg: StepBenchConfig, mode: str, out: Path, seed_index: int = 
     from rlctl.profile import load_profile
 
     sets = [
-        f"trainer.mode={mode}",
+        *VARIANTS.get(mode, (f"trainer.mode={mode}",)),
         f"trainer.steps={cfg.steps}",
         f"trainer.val_every={cfg.val_every}",
         f"trainer.max_staleness={cfg.max_staleness}",

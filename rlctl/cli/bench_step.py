@@ -7,7 +7,7 @@ import json
 
 import click
 
-MODES = ("sync", "one_step_off", "async")
+from rlctl.bench.step_common import MODES, ROWS, VARIANTS
 
 
 @click.command(name="step")
@@ -15,7 +15,12 @@ MODES = ("sync", "one_step_off", "async")
 @click.option("--profile", default="", help="Profile to run (default: the shipped profiles/tiny-cpu.toml).")
 @click.option("--steps", default=200, show_default=True, type=click.IntRange(1))
 @click.option("--val-every", default=20, show_default=True, type=click.IntRange(1))
-@click.option("--modes", default=",".join(MODES), show_default=True, help="rlctl modes, comma-separated.")
+@click.option(
+    "--modes",
+    default=",".join(MODES),
+    show_default=True,
+    help=f"rlctl modes, comma-separated; also {', '.join(VARIANTS)} (async with partial rollouts / delta pushes).",
+)
 @click.option("--prompts", "prompts_per_step", type=click.IntRange(1), default=None, help="Prompts per step.")
 @click.option("-n", "n", type=click.IntRange(1), default=None, help="Samples per prompt.")
 @click.option("--lr", type=float, default=None, help="Learning rate (default: the profile's).")
@@ -62,9 +67,9 @@ def command(
     from rlctl.bench.step_baseline import check_baseline
 
     chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
-    bad = [m for m in chosen if m not in MODES]
+    bad = [m for m in chosen if m not in ROWS]
     if bad or not chosen:
-        raise click.BadParameter(f"--modes takes {', '.join(MODES)}; got {modes!r}")
+        raise click.BadParameter(f"--modes takes {', '.join(ROWS)}; got {modes!r}")
     if baseline:
         check_baseline(baseline)
     if against == "trl":

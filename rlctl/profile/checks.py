@@ -35,6 +35,7 @@ def check_profile(profile: Profile, origins: dict[str, Path]) -> None:
         )
     _check_rollout_tp(profile, fail)
     _check_delta_sync(profile, fail)
+    _check_partial_rollouts(profile, fail)
     _check_shapes(profile, fail)
     if profile.actor.lora is not None:
         from rlctl.profile.lora_checks import check_lora
@@ -203,3 +204,32 @@ def _check_delta_sync(profile: Profile, fail: Callable[[str, str], None]) -> Non
     for key, (blocked, why) in blockers.items():
         if blocked:
             fail(key, f"rollout.delta_sync = true: {why}")
+
+
+def _check_partial_rollouts(profile: Profile, fail: Callable[[str, str], None]) -> None:
+    """Where in-flight swaps run (the async pipeline's HF rollout workers in this process, full
+    weights): anything else is refused, so the switch never sits unread."""
+    if not profile.trainer.partial_rollouts:
+        return
+    r = profile.rollout
+    blockers = {
+        "trainer.mode": (
+            profile.trainer.mode != "async",
+            f"needs trainer.mode = 'async', got {profile.trainer.mode!r} (sync has no weights to take "
+            "mid-generation; one_step_off pins each batch to one version)",
+        ),
+        "rollout.engine": (
+            r.engine in ("vllm", "sglang"),
+            f"the {r.engine!r} engine's swap is not wired to the rollout workers yet; use rollout.engine = 'hf'",
+        ),
+        "rollout.tensor_parallel": (r.tensor_parallel > 1, "every rank would have to take the same swap at the same step"),
+        "rollout.delta_sync": (r.delta_sync, "a swap loads the full published weights; set one of the two"),
+        "actor.lora": (profile.actor.lora is not None, "a swap loads full weights, not an adapter"),
+        "cluster.backend": (
+            profile.cluster.backend == "ray",
+            "a busy Ray rollout worker cannot read the driver's newest version yet; use cluster.backend = 'inprocess'",
+        ),
+    }
+    for key, (blocked, why) in blockers.items():
+        if blocked:
+            fail(key, f"trainer.partial_rollouts = true: {why}")

@@ -314,6 +314,14 @@ class TrainerSection:
         "no overlap); one_step_off always lags exactly 1.",
         ge=0,
     )
+    partial_rollouts: bool = field(
+        False,
+        "async: the rollout workers take each newly published policy between decode steps, the "
+        "sequences in flight going on under it (each token records its version; the staleness "
+        "bound holds per token). Off by default: a batch then mixes versions by thread timing and "
+        "each swap costs one forward over the running rows (their KV cache rebuilt). HF engine, "
+        "in-process backend, full pushes only.",
+    )
 
 
 @dataclass(frozen=True)

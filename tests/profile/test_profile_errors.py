@@ -214,3 +214,31 @@ def test_delta_sync_with_two_ranks_off_policy_is_accepted(tmp_path):
         "--set", "trainer.mode=async",
     )
     assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    ("sets", "key"),
+    [
+        (["trainer.mode=one_step_off", "cluster.backend=inprocess"], "trainer.mode"),
+        (["trainer.mode=async", "cluster.backend=ray"], "cluster.backend"),
+        (["trainer.mode=async", "cluster.backend=inprocess", "rollout.engine=vllm"], "rollout.engine"),
+        (["trainer.mode=async", "cluster.backend=inprocess", "rollout.delta_sync=true"], "rollout.delta_sync"),
+    ],
+)
+def test_partial_rollouts_where_they_cannot_run_are_refused_naming_the_key(tmp_path, sets, key):
+    """trainer.partial_rollouts is read by the async pipeline's in-process HF rollout workers on
+    full pushes; anywhere else it would sit unread, so it is refused."""
+    p = write(tmp_path, GOOD)
+    args = ["profile", "check", p, "--set", "trainer.partial_rollouts=true"]
+    for s in sets:
+        args += ["--set", s]
+    assert_user_error(args, f"{key}: trainer.partial_rollouts = true")
+
+
+def test_partial_rollouts_in_process_async_are_accepted(tmp_path):
+    p = write(tmp_path, GOOD)
+    code, _, err = run_cli(
+        "profile", "check", p, "--set", "trainer.partial_rollouts=true", "--set", "trainer.mode=async",
+        "--set", "cluster.backend=inprocess",
+    )
+    assert code == 0, err

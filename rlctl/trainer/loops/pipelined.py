@@ -98,6 +98,9 @@ class Pipeline:
         self.group = None  # the rollout workers, while running
         self.pipeline: RolloutPipeline | None = None
         self.push_checks: dict[str, float] = {}  # the checks of the weights the rollout workers hold
+        # trainer.partial_rollouts: the rollout workers take newer weights mid-generation (newer())
+        self.partial = False  # set by running() from the profile
+        self.futures: dict[int, Any] = {}  # version -> the policy's full_weights call
 
     # -- the loop's side -----------------------------------------------------------------------------
     @contextmanager
@@ -106,6 +109,7 @@ class Pipeline:
         runs to the profile's last step even when ``--max-steps`` stops earlier, so its last
         checkpoint holds the next batch, one update stale as the uninterrupted run's."""
         self.stage = stage
+        self.partial = self.ctx.profile.trainer.partial_rollouts
         self.group, pool = spawn_rollout_group(self.ctx)
         try:
             self._check_rollout_log_probs()
@@ -122,7 +126,10 @@ class Pipeline:
                 exact=self.exact,
                 ready=ready,
                 chain=self.ctx.profile.rollout.delta_sync,  # delta pushes: every version, in order
-            ).start()
+            )
+            if self.partial:
+                self.group.attach_board(self)
+            self.pipeline.start()
             try:
                 yield
             finally:
@@ -145,7 +152,13 @@ class Pipeline:
             self.pipeline.publish(step + 1, self._weights(step + 1))
 
     def staleness(self, rollout: Rollout, step: int) -> dict[str, float]:
-        out = staleness_metrics(rollout.versions, step, *token_versions(rollout.batch))
+        tokens, mask = token_versions(rollout.batch)
+        out = staleness_metrics(rollout.versions, step, tokens, mask)
+        if self.partial and tokens is not None:  # rows whose tokens span a swap
+            live = mask.bool()
+            newest = torch.where(live, tokens, torch.zeros_like(tokens)).max(-1).values
+            oldest = torch.where(live, tokens, torch.full_like(tokens, 1 << 40)).min(-1).values
+            out["async/swapped_rows_frac"] = ((newest > oldest) & live.any(-1)).float().mean().item()
         if out["async/staleness_max"] > self.max_staleness:  # the pipeline's gate makes this impossible
             raise RunError(
                 f"sample staleness {out['async/staleness_max']:g} above the bound {self.max_staleness}"
@@ -185,6 +198,10 @@ class Pipeline:
         oldest = int(sampled.min()) if sampled is not None and sampled.numel() else int(versions.min())
         if oldest < self.pipeline.required(index):
             raise RunError(f"batch {index} has samples of version {oldest}, older than allowed")
+        if self.partial:  # a swap left the workers on a newer version than the last push
+            held = min(self.group.held_version())  # the oldest rank's: a push brings the rest up
+            with self.pipeline.cond:
+                self.pipeline.loaded = max(self.pipeline.loaded or 0, held)
         counts = {**counts, **self.push_checks}  # the checks of the weights it was generated with
         # the rollout workers' peak, read here between their calls (from the trainer's thread the
         # call would wait behind their next generation)
@@ -205,7 +222,21 @@ class Pipeline:
         """The policy's current weights (version ``version``) as a stand-in the rollout workers
         resolve themselves: rank 0's host copy moves worker to worker (Ray's object store); the
         trainer does not wait."""
-        return self.ctx.policy.full_weights(version, blocking=False).lazy(("item", 0))
+        future = self.ctx.policy.full_weights(version, blocking=False)
+        if self.partial:
+            self.futures = {v: f for v, f in self.futures.items() if v >= version - 1} | {version: future}
+        return future.lazy(("item", 0))
+
+    def newer(self, than: int) -> tuple[int, Any] | None:
+        """Partial rollouts' board (:class:`~rlctl.trainer.workers.inflight_swap.WeightBoard`):
+        the newest published version and its weights if newer than ``than``; asked by the
+        rollout workers between decode steps."""
+        with self.pipeline.cond:
+            newest = max(self.pipeline.published)
+            future = self.futures.get(newest)
+        if newest <= than or future is None:
+            return None
+        return newest, future.get()[0]
 
     def _check_rollout_log_probs(self) -> None:
         p = self.ctx.profile

@@ -31,11 +31,14 @@ import torch
 
 from rlctl.dispatch import DataProto, Dispatch, Worker, WorkerGroup, register, remote, spawn_colocated
 from rlctl.dispatch.pool import ResourcePool
+from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.engines.weight_delta import Tally
+from rlctl.errors import RunError
 from rlctl.trainer.plan.specs import PolicySpec
 from rlctl.trainer.state.canary import SyncCanary
 from rlctl.trainer.state.fingerprint import SyncCheck
 from rlctl.trainer.workers.delta_push import fail
+from rlctl.trainer.workers.inflight_swap import SwapHook, WeightBoard
 from rlctl.trainer.workers.memory import PeakMemory
 from rlctl.trainer.workers.roles import _cpu_threads, rollout_engine, sample_rows
 from rlctl.trainer.workers.weight_streams import PublishedWeights
@@ -63,6 +66,8 @@ class RolloutWorker(PeakMemory, Worker):
         ``sync/canary_*`` metrics; RunError on a tensor that differs or a gap past the tolerance."""
         version = int(published.version if published.version is not None else version)
         what = f"weight version {version} (rollout worker, {type(self.rollout).__name__})"
+        if getattr(self, "swapped", None) is not None and self.swapped[0] == version:
+            return self.swapped[1]  # taken in the middle of a generation already, and checked there
         if published.deltas is not None and published.base_version is not None:
             if published.base_version != self.version:  # a gap: the driver sends the full weights
                 return {"sync/need_full": 1.0, "sync/held_version": float(self.version)}
@@ -77,6 +82,13 @@ class RolloutWorker(PeakMemory, Worker):
             sizes = {"sync/bytes": float(sum(t.numel() * t.element_size() for t in published.weights.values()))}
             if published.deltas is not None or published.version is not None:
                 sizes["sync/delta"] = 0.0  # a full push of a delta-sync run
+        return self._checked(published, params, sizes, version)
+
+    def _checked(
+        self, published: PublishedWeights, params: list, sizes: dict[str, float], version: int
+    ) -> dict[str, float]:
+        """Weights ``version`` are in the engine: the fingerprint of what it stores against
+        ``params``, then the canary where the trainer sent its scores (RunError naming the rank)."""
         self.version = version
         if getattr(self, "push_check", None) is None:
             self.push_check = SyncCheck(rank=self.rank)
@@ -114,14 +126,39 @@ class RolloutWorker(PeakMemory, Worker):
         )
         return {**checked, **out, "sync/canary_s": published.canary_s + time.perf_counter() - start}
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def attach_board(self, board: WeightBoard | None) -> None:
+        """Partial rollouts (``trainer.partial_rollouts``): from now on each generation asks
+        ``board`` between decode steps for a newer published version and goes on under it. The
+        board is the driver's object, called from this worker: in-process only (the profile check
+        refuses Ray)."""
+        if board is not None and not isinstance(self.rollout, HFRolloutEngine):
+            raise RunError(f"partial rollouts need the HF rollout engine, got {type(self.rollout).__name__}")
+        self.board = board
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """As ``PolicyWorker.generate_sequences`` (same seeds, same padding), with this worker's version."""
-        out = sample_rows(self.rollout, prompts, self.rank)
-        out["weight_version"] = torch.full((out["responses"].shape[0],), self.version, dtype=torch.long)
+        """As ``PolicyWorker.generate_sequences`` (same seeds, same padding), with this worker's
+        version; with a board attached, the weights may change between decode steps (each swap
+        checked as a push is, once the generation returns)."""
+        start, board = self.version, getattr(self, "board", None)
+        hook = None if board is None else SwapHook(board, start)
+        swap = {} if hook is None else {"version": start, "swap": hook}
+        out = sample_rows(self.rollout, prompts, self.rank, **swap)
+        if hook is not None and hook.last is not None:  # what the engine holds now: checked as a push
+            params = list(hook.last.weights.items())
+            nbytes = float(sum(t.numel() * t.element_size() for _, t in params))
+            self.swapped = (hook.version, self._checked(hook.last, params, {"sync/bytes": nbytes}, hook.version))
+        out["weight_version"] = torch.full((out["responses"].shape[0],), start, dtype=torch.long)
         if "token_versions" not in out:  # the engine swapped no weights mid-generation: one version
-            out["token_versions"] = out["response_mask"].long() * self.version
-        return DataProto.from_dict(tensors=out, meta={"weight_version": self.version})
+            out["token_versions"] = out["response_mask"].long() * start
+        return DataProto.from_dict(tensors=out, meta={"weight_version": start})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def held_version(self) -> int:
+        """The weight version the engine holds (newer than the last push after a swap; each rank
+        swaps on its own, so ranks may differ)."""
+        return self.version
 
     @register(dispatch_mode=Dispatch.RANK_ZERO)
     def rollout_log_prob_gap(self, temperature: float, top_p: float, top_k: int) -> str | None:
@@ -134,6 +171,8 @@ class RolloutGroup(WorkerGroup):
     init_model = remote(RolloutWorker.init_model)
     update_weights = remote(RolloutWorker.update_weights)
     generate_sequences = remote(RolloutWorker.generate_sequences)
+    attach_board = remote(RolloutWorker.attach_board)
+    held_version = remote(RolloutWorker.held_version)
     rollout_log_prob_gap = remote(RolloutWorker.rollout_log_prob_gap)
     peak_memory = remote(RolloutWorker.peak_memory)
 

@@ -9,9 +9,10 @@ import torch
 from rlctl.dispatch import DataProto
 
 
-def sample_rows(rollout: Any, prompts: DataProto, rank: int) -> dict[str, torch.Tensor]:
+def sample_rows(rollout: Any, prompts: DataProto, rank: int, **inflight: Any) -> dict[str, torch.Tensor]:
     """One response per row of ``prompts`` with the sampling settings in its meta, seeded by the
-    request's seed and ``rank``, padded to ``max_new_tokens``: every rollout worker's generate."""
+    request's seed and ``rank``, padded to ``max_new_tokens``: every rollout worker's generate.
+    ``inflight``: ``version=`` and ``swap=`` for in-flight weight swaps (:mod:`rlctl.engines.inflight`)."""
     meta = prompts.meta
     out = rollout.generate(
         prompts.batch["input_ids"],
@@ -25,6 +26,7 @@ def sample_rows(rollout: Any, prompts: DataProto, rank: int) -> dict[str, torch.
         eos_token_id=meta["eos_token_id"],
         pad_token_id=meta["pad_token_id"],
         seed=int(meta["seed"]) * 1_000_003 + rank,
+        **inflight,
     )
     return _pad_responses(out, int(meta["max_new_tokens"]), int(meta["pad_token_id"]))
 
