@@ -25,7 +25,8 @@ def train(
     """Run (or resume) the RL loop the profile describes; returns the last step's metrics."""
     from dataclasses import replace
 
-    from rlctl.trainer.loops.modes import trainer_class
+    from rlctl.trainer.loops.modes import rollout_source
+    from rlctl.trainer.loops.sync import Trainer
     from rlctl.trainer.plan.run_plan import refuse_failures, resolve_plan
     from rlctl.trainer.setup.context import build_context
     from rlctl.trainer.setup.models import materialize_model
@@ -52,7 +53,7 @@ def train(
             "predicted_peak_gib"))
         ctx = build_context(profile, run_dir, plan)
         try:
-            result = trainer_class(profile)(ctx, max_steps=max_steps, resume=point).fit()
+            result = Trainer(ctx, source=rollout_source(ctx), max_steps=max_steps, resume=point).fit()
         except Stopped:  # the checkpoint is saved: stopping the workers must not outlast the grace
             shutdown_within(ctx.shutdown, STOP_SHUTDOWN_S)
             raise

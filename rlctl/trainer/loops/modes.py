@@ -10,10 +10,8 @@ the mode's name in the schema's ``trainer.mode`` choices.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from rlctl.profile.schema import Profile
 from rlctl.trainer.loops.colocated import Colocated
 from rlctl.trainer.loops.pipelined import Pipeline
 from rlctl.trainer.loops.source import RolloutSource
@@ -28,13 +26,3 @@ def rollout_source(ctx: Any) -> RolloutSource:
         return Pipeline(ctx, exact=False, max_staleness=ctx.profile.trainer.max_staleness)
     return Colocated(ctx)
 
-
-def trainer_class(profile: Profile) -> Callable[..., Any]:
-    """How ``rlctl train`` builds its loop: ``trainer_class(profile)(ctx, max_steps=, resume=)`` is
-    the one :class:`~rlctl.trainer.loops.sync.Trainer`, given the source of ``profile``'s mode."""
-    from rlctl.trainer.loops.sync import Trainer
-
-    def loop(ctx: Any, **kwargs: Any) -> Trainer:
-        return Trainer(ctx, source=rollout_source(ctx), **kwargs)
-
-    return loop
