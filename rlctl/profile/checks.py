@@ -207,8 +207,8 @@ def _check_delta_sync(profile: Profile, fail: Callable[[str, str], None]) -> Non
 
 
 def _check_partial_rollouts(profile: Profile, fail: Callable[[str, str], None]) -> None:
-    """Where in-flight swaps run (the async pipeline's HF rollout workers in this process, full
-    weights): anything else is refused, so the switch never sits unread."""
+    """Where in-flight swaps run (the async pipeline's HF rollout workers, in-process or on Ray,
+    full weights): anything else is refused, so the switch never sits unread."""
     if not profile.trainer.partial_rollouts:
         return
     r = profile.rollout
@@ -225,10 +225,6 @@ def _check_partial_rollouts(profile: Profile, fail: Callable[[str, str], None]) 
         "rollout.tensor_parallel": (r.tensor_parallel > 1, "every rank would have to take the same swap at the same step"),
         "rollout.delta_sync": (r.delta_sync, "a swap loads the full published weights; set one of the two"),
         "actor.lora": (profile.actor.lora is not None, "a swap loads full weights, not an adapter"),
-        "cluster.backend": (
-            profile.cluster.backend == "ray",
-            "a busy Ray rollout worker cannot read the driver's newest version yet; use cluster.backend = 'inprocess'",
-        ),
     }
     for key, (blocked, why) in blockers.items():
         if blocked:

@@ -320,7 +320,7 @@ class TrainerSection:
         "sequences in flight going on under it (each token records its version; the staleness "
         "bound holds per token). Off by default: a batch then mixes versions by thread timing and "
         "each swap costs one forward over the running rows (their KV cache rebuilt). HF engine, "
-        "in-process backend, full pushes only.",
+        "in-process or Ray, full pushes only.",
     )
 
 

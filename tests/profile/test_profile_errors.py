@@ -220,14 +220,12 @@ def test_delta_sync_with_two_ranks_off_policy_is_accepted(tmp_path):
     ("sets", "key"),
     [
         (["trainer.mode=one_step_off", "cluster.backend=inprocess"], "trainer.mode"),
-        (["trainer.mode=async", "cluster.backend=ray"], "cluster.backend"),
         (["trainer.mode=async", "cluster.backend=inprocess", "rollout.engine=vllm"], "rollout.engine"),
         (["trainer.mode=async", "cluster.backend=inprocess", "rollout.delta_sync=true"], "rollout.delta_sync"),
     ],
 )
 def test_partial_rollouts_where_they_cannot_run_are_refused_naming_the_key(tmp_path, sets, key):
-    """trainer.partial_rollouts is read by the async pipeline's in-process HF rollout workers on
-    full pushes; anywhere else it would sit unread, so it is refused."""
+    """trainer.partial_rollouts is read by the async pipeline's HF rollout workers on full pushes; anywhere else it would sit unread, so it is refused."""
     p = write(tmp_path, GOOD)
     args = ["profile", "check", p, "--set", "trainer.partial_rollouts=true"]
     for s in sets:
@@ -235,10 +233,11 @@ def test_partial_rollouts_where_they_cannot_run_are_refused_naming_the_key(tmp_p
     assert_user_error(args, f"{key}: trainer.partial_rollouts = true")
 
 
-def test_partial_rollouts_in_process_async_are_accepted(tmp_path):
+@pytest.mark.parametrize("backend", ["inprocess", "ray"])
+def test_partial_rollouts_in_async_are_accepted(tmp_path, backend):
     p = write(tmp_path, GOOD)
     code, _, err = run_cli(
         "profile", "check", p, "--set", "trainer.partial_rollouts=true", "--set", "trainer.mode=async",
-        "--set", "cluster.backend=inprocess",
+        "--set", f"cluster.backend={backend}",
     )
     assert code == 0, err

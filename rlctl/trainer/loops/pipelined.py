@@ -36,6 +36,7 @@ import torch
 
 from rlctl.dispatch import DataProto
 from rlctl.dispatch.futures import LazyInput
+from rlctl.dispatch.version_board import RayVersionBoard
 from rlctl.errors import RunError, UserError
 from rlctl.trainer.loops.pending import load_pending, save_pending
 from rlctl.trainer.loops.pipeline import Produced, RolloutPipeline
@@ -101,6 +102,7 @@ class Pipeline:
         # trainer.partial_rollouts: the rollout workers take newer weights mid-generation (newer())
         self.partial = False  # set by running() from the profile
         self.futures: dict[int, Any] = {}  # version -> the policy's full_weights call
+        self.remote_board: RayVersionBoard | None = None  # partial rollouts on Ray: the workers' board
 
     # -- the loop's side -----------------------------------------------------------------------------
     @contextmanager
@@ -128,13 +130,16 @@ class Pipeline:
                 chain=self.ctx.profile.rollout.delta_sync,  # delta pushes: every version, in order
             )
             if self.partial:
-                self.group.attach_board(self)
+                self.group.attach_board(self._board(version))
             self.pipeline.start()
             try:
                 yield
             finally:
                 self.pipeline.close()
         finally:
+            if self.remote_board is not None:
+                self.remote_board.close()
+                self.remote_board = None
             self.group.shutdown()
             pool.release()
 
@@ -149,7 +154,10 @@ class Pipeline:
 
     def publish(self, step: int, timer: StageTimer) -> None:
         with timer("publish"):
-            self.pipeline.publish(step + 1, self._weights(step + 1))
+            weights = self._weights(step + 1)
+            self.pipeline.publish(step + 1, weights)
+            if self.remote_board is not None:  # after the pipeline knows it: versions only move forward
+                self.remote_board.post(step + 1, weights)
 
     def staleness(self, rollout: Rollout, step: int) -> dict[str, float]:
         tokens, mask = token_versions(rollout.batch)
@@ -226,6 +234,16 @@ class Pipeline:
         if self.partial:
             self.futures = {v: f for v, f in self.futures.items() if v >= version - 1} | {version: future}
         return future.lazy(("item", 0))
+
+    def _board(self, version: int) -> Any:
+        """What the rollout workers poll between decode steps: this source in-process; on Ray a
+        :class:`~rlctl.dispatch.version_board.RayVersionBoard` the driver posts each published
+        version to (its weights a lazy input the workers fetch from the object store themselves)."""
+        if self.ctx.profile.cluster.backend != "ray":
+            return self
+        self.remote_board = RayVersionBoard()
+        self.remote_board.post(version, self.futures[version].lazy(("item", 0)))
+        return self.remote_board
 
     def newer(self, than: int) -> tuple[int, Any] | None:
         """Partial rollouts' board (:class:`~rlctl.trainer.workers.inflight_swap.WeightBoard`):

@@ -130,8 +130,8 @@ class RolloutWorker(PeakMemory, Worker):
     def attach_board(self, board: WeightBoard | None) -> None:
         """Partial rollouts (``trainer.partial_rollouts``): from now on each generation asks
         ``board`` between decode steps for a newer published version and goes on under it. The
-        board is the driver's object, called from this worker: in-process only (the profile check
-        refuses Ray)."""
+        board is the driver's source in-process, on Ray a
+        :class:`~rlctl.dispatch.version_board.RayVersionBoard` (a version first, weights only when newer)."""
         if board is not None and not isinstance(self.rollout, HFRolloutEngine):
             raise RunError(f"partial rollouts need the HF rollout engine, got {type(self.rollout).__name__}")
         self.board = board
