@@ -10,13 +10,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlctl.engines.engine_specs import LoraSpec, OptimConfig
-from rlctl.profile.schema import ActorSection, AlgorithmSection, CriticSection, Profile, RolloutSection
+from rlctl.profile.schema import (
+    ActorSection,
+    AlgorithmSection,
+    CriticSection,
+    Profile,
+    RefSection,
+    RolloutSection,
+)
 from rlctl.trainer.plan.rollout_tp import rollout_rank_order
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """Where and how to load one model."""
+    """Where and how to load one model: what the run resolved (the model path, the device, the
+    dtypes, attention, the backend), not the role's own keys. A role's micro-batches come from
+    its own section (``ActorLossSpec.actor``, ``CriticSpec.section``, ``RefSpec.section``)."""
 
     model_path: str
     device_type: str = "cpu"
@@ -25,8 +34,6 @@ class EngineSpec:
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
     dist_backend: str = "gloo"
-    micro_batch_sequences: int = 16
-    micro_batch_tokens: int = 0  # > 0: a token budget per micro-batch instead of the sequence count
     activation_checkpointing: bool = False
     offload: bool = False
     seed: int = 1
@@ -76,24 +83,28 @@ class PolicySpec:
     rollout: RolloutSpec = RolloutSpec()
     lora: LoraSpec | None = None  # [actor.lora]: adapter training, adapter-only sync
     serves_reference: bool = False  # LoRA + KL: the reference is this model with the adapter off
-    ref_micro_batch: tuple[int, int] = (32, 0)  # its forwards: (ref.micro_batch_sequences, _tokens)
+    ref: RefSection = RefSection()  # [ref]: the micro-batches of those reference forwards
 
 
 @dataclass(frozen=True)
 class CriticSpec:
-    """The value model: the profile's ``[critic]`` section as it is (clip range, epochs), its
-    engine and optimiser, and the two values it takes from the actor."""
+    """The value model: the profile's ``[critic]`` section as it is (clip range, epochs,
+    micro-batches), its engine and optimiser, and the two values it takes from the actor."""
 
     engine: EngineSpec
     optim: OptimConfig
-    section: CriticSection = CriticSection()  # cliprange_value, ppo_epochs (path, lr, ... via engine/optim)
+    section: CriticSection = CriticSection()  # cliprange_value, ppo_epochs, micro-batches (path, lr via engine/optim)
     loss_agg_mode: str = "token-mean"  # the actor's (actor.loss_agg_mode)
     norm_constant: float | None = None  # seq-mean-token-sum-norm divisor: the actor's (max_new_tokens)
 
 
 @dataclass(frozen=True)
 class RefSpec:
+    """The frozen reference policy: its engine (``ref.path`` or ``model.path``, stored in the
+    compute dtype) and the profile's ``[ref]`` section as it is (its micro-batches)."""
+
     engine: EngineSpec
+    section: RefSection = RefSection()
 
 
 @dataclass(frozen=True)
@@ -156,8 +167,6 @@ def build_specs(
         attn_implementation=attn,
         trust_remote_code=p.model.trust_remote_code,
         dist_backend=dist_backend,
-        micro_batch_sequences=p.actor.micro_batch_sequences,
-        micro_batch_tokens=p.actor.micro_batch_tokens,
         activation_checkpointing=p.actor.activation_checkpointing,
         offload=p.actor.param_offload or p.actor.optimizer_offload,
         seed=p.run.seed,
@@ -190,7 +199,7 @@ def build_specs(
         ),
         lora=lora_spec(p),
         serves_reference=p.actor.lora is not None and profile.uses_reference,
-        ref_micro_batch=(p.ref.micro_batch_sequences, p.ref.micro_batch_tokens),
+        ref=p.ref,
     )
     ref = None
     if profile.uses_reference and not policy.serves_reference:
@@ -198,11 +207,10 @@ def build_specs(
             engine=replace(
                 base,
                 model_path=p.ref.path or p.model.path,
-                micro_batch_sequences=p.ref.micro_batch_sequences,
-                micro_batch_tokens=p.ref.micro_batch_tokens,
                 dtype=dtype,
                 mixed_precision=None,
-            )
+            ),
+            section=p.ref,
         )
     critic = None
     if profile.uses_critic:
@@ -210,8 +218,6 @@ def build_specs(
             engine=replace(
                 base,
                 model_path=p.critic.path or p.model.path,
-                micro_batch_sequences=p.critic.micro_batch_sequences,
-                micro_batch_tokens=p.critic.micro_batch_tokens,
             ),
             optim=OptimConfig(
                 lr=p.critic.lr,

@@ -22,6 +22,7 @@ from rlctl.engines.batch_metrics import BatchMetrics
 from rlctl.engines.numerics import model_shape, vocab_size_of
 from rlctl.engines.registry import get_engine
 from rlctl.errors import UserError
+from rlctl.profile.schema import ActorSection, CriticSection, RefSection
 from rlctl.trainer.plan.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec
 from rlctl.trainer.state.canary import SyncCanary, canary_due
 from rlctl.trainer.state.fingerprint import SyncCheck, takes_salt, without
@@ -53,8 +54,16 @@ def inject_fault(worker: Worker, method: str, step: int | None) -> None:
         raise RuntimeError(f"injected fault in {method} at step {step} ({FAULT_ENV}={spec})")
 
 
-def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool = False, lora=None):
-    """Initialise torch.distributed for this group if needed, then build an FSDP2 engine."""
+def _train_engine(
+    worker: Worker,
+    spec: EngineSpec,
+    section: ActorSection | CriticSection | RefSection,
+    optim=None,
+    value_head: bool = False,
+    lora=None,
+):
+    """Initialise torch.distributed for this group if needed, then build an FSDP2 engine whose
+    micro-batches are the role's ``section``'s (``micro_batch_sequences`` / ``_tokens``)."""
     _cpu_threads(worker, spec)
     if worker.world_size > 1:
         worker.init_distributed(spec.dist_backend)
@@ -71,8 +80,8 @@ def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool
         cpu_offload=spec.offload,
         attn_implementation=spec.attn_implementation,
         optim=optim,
-        micro_batch_size=spec.micro_batch_sequences,
-        micro_batch_tokens=spec.micro_batch_tokens,
+        micro_batch_size=section.micro_batch_sequences,
+        micro_batch_tokens=section.micro_batch_tokens,
         **({"lora": lora} if lora is not None else {}),
     )
 
@@ -104,7 +113,7 @@ class PolicyWorker(PeakMemory, Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         spec = self.spec
-        self.actor = _train_engine(self, spec.engine, optim=spec.optim, lora=spec.lora)
+        self.actor = _train_engine(self, spec.engine, spec.loss.actor, optim=spec.optim, lora=spec.lora)
         self.rollout = rollout_engine(spec, actor=self.actor if self.world_size == 1 else None)
         self.actor_loss = make_actor_loss(spec.loss)
         if spec.rollout.section.delta_sync and not delta_ready(self.rollout):
@@ -148,7 +157,8 @@ class PolicyWorker(PeakMemory, Worker):
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
         """The reference policy of a LoRA actor: the same model with its adapter off."""
         view = _train_view(batch)
-        sequences, tokens = self.spec.ref_micro_batch  # the [ref] micro-batch keys, as a ref worker's
+        # the [ref] micro-batch keys, as a ref worker's
+        sequences, tokens = self.spec.ref.micro_batch_sequences, self.spec.ref.micro_batch_tokens
         rows = max(1, tokens // max(1, view["input_ids"].shape[1])) if tokens > 0 else sequences
         with self._actor_on_device():
             out = self.actor.compute_base_log_prob(
@@ -340,7 +350,7 @@ class ReferenceWorker(PeakMemory, Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        self.ref = _train_engine(self, self.spec.engine)
+        self.ref = _train_engine(self, self.spec.engine, self.spec.section)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
@@ -359,7 +369,9 @@ class CriticWorker(PeakMemory, Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        self.critic = _train_engine(self, self.spec.engine, optim=self.spec.optim, value_head=True)
+        self.critic = _train_engine(
+            self, self.spec.engine, self.spec.section, optim=self.spec.optim, value_head=True
+        )
         self.critic_loss = make_critic_loss(self.spec)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
