@@ -1,6 +1,7 @@
 """Each role's engine takes its micro-batches from its own profile section: the actor's from
 ``[actor]``, the critic's from ``[critic]``, the reference's from ``[ref]`` (a LoRA actor that
-serves the reference reads ``[ref]`` too); the engine spec holds none of them."""
+serves the reference reads ``[ref]`` too); activation checkpointing and offload are the actor's
+for every role. The engine spec holds none of them."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ KEYS = [
     "critic.micro_batch_tokens=96",
     "ref.micro_batch_sequences=5",
     "ref.micro_batch_tokens=64",
+    "actor.activation_checkpointing=true",
+    "actor.optimizer_offload=true",
 ]
 
 
@@ -29,7 +32,7 @@ class _Worker:
     world_size = 1
 
 
-def _built_with(monkeypatch, engine: EngineSpec, section) -> dict:
+def _built_with(monkeypatch, engine: EngineSpec, section, actor) -> dict:
     seen: dict = {}
 
     class Recorder:
@@ -38,7 +41,7 @@ def _built_with(monkeypatch, engine: EngineSpec, section) -> dict:
 
     monkeypatch.setattr(roles, "get_engine", lambda *a: Recorder)
     # off CPU no threads are set; the recorder loads nothing, so no device is touched
-    roles._train_engine(_Worker(), EngineSpec(model_path=engine.model_path, device_type="cuda"), section)
+    roles._train_engine(_Worker(), EngineSpec(model_path=engine.model_path, device_type="cuda"), section, actor)
     return seen
 
 
@@ -48,11 +51,17 @@ def test_each_role_spec_holds_its_own_section_and_its_engine_uses_its_micro_batc
     policy, critic, ref = (plan.roles[r].spec for r in ("policy", "critic", "ref"))
     assert ref.section is profile.ref and critic.section is profile.critic
     assert policy.loss.actor is profile.actor
-    assert not {"micro_batch_sequences", "micro_batch_tokens"} & {f.name for f in fields(EngineSpec)}
+    assert ref.actor is profile.actor and critic.actor is profile.actor
+    moved = {"micro_batch_sequences", "micro_batch_tokens", "activation_checkpointing", "offload"}
+    assert not moved & {f.name for f in fields(EngineSpec)}
     got = {
-        "policy": _built_with(monkeypatch, policy.engine, policy.loss.actor),
-        "critic": _built_with(monkeypatch, critic.engine, critic.section),
-        "ref": _built_with(monkeypatch, ref.engine, ref.section),
+        "policy": _built_with(monkeypatch, policy.engine, policy.loss.actor, policy.loss.actor),
+        "critic": _built_with(monkeypatch, critic.engine, critic.section, critic.actor),
+        "ref": _built_with(monkeypatch, ref.engine, ref.section, ref.actor),
+    }
+    # the reference and the critic take the actor's checkpointing and offload, as they always have
+    assert {r: (kw["activation_checkpointing"], kw["cpu_offload"]) for r, kw in got.items()} == {
+        r: (True, True) for r in got
     }
     assert {r: (kw["micro_batch_size"], kw["micro_batch_tokens"]) for r, kw in got.items()} == {
         "policy": (7, 128),

@@ -25,7 +25,8 @@ from rlctl.trainer.plan.rollout_tp import rollout_rank_order
 class EngineSpec:
     """Where and how to load one model: what the run resolved (the model path, the device, the
     dtypes, attention, the backend), not the role's own keys. A role's micro-batches come from
-    its own section (``ActorLossSpec.actor``, ``CriticSpec.section``, ``RefSpec.section``)."""
+    its own section (``ActorLossSpec.actor``, ``CriticSpec.section``, ``RefSpec.section``); its
+    activation checkpointing and offload from the actor's section (:func:`offloads`)."""
 
     model_path: str
     device_type: str = "cpu"
@@ -34,8 +35,6 @@ class EngineSpec:
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
     dist_backend: str = "gloo"
-    activation_checkpointing: bool = False
-    offload: bool = False
     seed: int = 1
     separate_rollout: bool = False  # a rollout group in processes of its own shares the hosts (off-policy)
     cpu_threads: int = 0  # platform.cpu_threads: 0 = auto (workers.roles._cpu_threads)
@@ -93,7 +92,8 @@ class CriticSpec:
 
     engine: EngineSpec
     optim: OptimConfig
-    section: CriticSection = CriticSection()  # cliprange_value, ppo_epochs, micro-batches (path, lr via engine/optim)
+    section: CriticSection = CriticSection()  # clip range, epochs, micro-batches (path, lr: engine, optim)
+    actor: ActorSection = ActorSection()  # [actor]: its activation_checkpointing and offload are the critic's
     loss_agg_mode: str = "token-mean"  # the actor's (actor.loss_agg_mode)
     norm_constant: float | None = None  # seq-mean-token-sum-norm divisor: the actor's (max_new_tokens)
 
@@ -105,6 +105,7 @@ class RefSpec:
 
     engine: EngineSpec
     section: RefSection = RefSection()
+    actor: ActorSection = ActorSection()  # [actor]: its activation_checkpointing and offload are the ref's
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,13 @@ class RoleSpecs:
     policy: PolicySpec
     ref: RefSpec | None = None
     critic: CriticSpec | None = None
+
+
+def offloads(actor: ActorSection) -> bool:
+    """Whether a training engine keeps its parameters (and optimiser state) on the host between
+    its stages: ``actor.param_offload`` or ``actor.optimizer_offload``. The reference and the
+    critic take the actor's setting, as they take its ``activation_checkpointing``."""
+    return actor.param_offload or actor.optimizer_offload
 
 
 def effective_rollout_correction(profile: Profile) -> str:
@@ -152,6 +160,9 @@ def build_specs(
 ) -> RoleSpecs:
     """Translate the profile's flat sections into the specs each role's worker receives.
 
+    Each role reads its micro-batches from its own section; the reference and the critic take
+    the actor's ``activation_checkpointing`` and offload (their specs hold ``[actor]`` for it).
+
     ``dtype`` is the compute dtype. Trained models (actor, critic) keep fp32 master weights and
     optimizer state and compute in ``dtype`` through FSDP2 mixed precision; the frozen reference
     and the rollout engine store their weights in ``dtype`` directly. The HF rollout engine takes
@@ -167,8 +178,6 @@ def build_specs(
         attn_implementation=attn,
         trust_remote_code=p.model.trust_remote_code,
         dist_backend=dist_backend,
-        activation_checkpointing=p.actor.activation_checkpointing,
-        offload=p.actor.param_offload or p.actor.optimizer_offload,
         seed=p.run.seed,
         separate_rollout=p.trainer.mode != "sync",
         cpu_threads=p.platform.cpu_threads,
@@ -211,6 +220,7 @@ def build_specs(
                 mixed_precision=None,
             ),
             section=p.ref,
+            actor=p.actor,
         )
     critic = None
     if profile.uses_critic:
@@ -227,6 +237,7 @@ def build_specs(
                 weight_decay=0.0,
             ),
             section=p.critic,
+            actor=p.actor,
             loss_agg_mode=p.actor.loss_agg_mode,
             norm_constant=float(p.rollout.max_new_tokens),
         )
