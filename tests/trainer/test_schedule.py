@@ -27,9 +27,9 @@ STEPS = 6
 
 def policy_host(model_dir: str) -> WorkerHost:
     spec = PolicySpec(
-        engine=EngineSpec(model_path=model_dir, micro_batch_sequences=4),
+        engine=EngineSpec(model_path=model_dir),
         optim=OPTIM,
-        loss=ActorLossSpec(ActorSection(skip_zero_advantage=False, ppo_epochs=2)),
+        loss=ActorLossSpec(ActorSection(skip_zero_advantage=False, ppo_epochs=2, micro_batch_sequences=4)),
     )
     host = WorkerHost(0, 1, in_process=True)
     ctx = WorkerContext("policy", 0, 1, 0, 1, Mesh.of(None, 1), "127.0.0.1", 0, in_process=True)

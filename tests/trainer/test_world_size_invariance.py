@@ -42,7 +42,7 @@ def _specs(actor_dir: str, critic_dir: str):
 
     optim = OptimConfig(lr=0.0, weight_decay=0.0, grad_clip=0.0)
     policy = PolicySpec(
-        engine=EngineSpec(model_path=actor_dir, micro_batch_sequences=4),
+        engine=EngineSpec(model_path=actor_dir),
         optim=optim,
         loss=ActorLossSpec(
             ActorSection(
@@ -52,15 +52,16 @@ def _specs(actor_dir: str, critic_dir: str):
                 use_kl_loss=True,
                 kl_loss_coef=0.1,
                 skip_zero_advantage=False,
+                micro_batch_sequences=4,
             ),
             norm_constant=float(WIDTH),
         ),
         rollout=RolloutSpec(section=RolloutSection(temperature=TEMPERATURE)),
     )
     critic = CriticSpec(
-        engine=EngineSpec(model_path=critic_dir, micro_batch_sequences=4),
+        engine=EngineSpec(model_path=critic_dir),
         optim=optim,
-        section=CriticSection(cliprange_value=0.2),
+        section=CriticSection(cliprange_value=0.2, micro_batch_sequences=4),
         norm_constant=float(WIDTH),
     )
     return policy, critic

@@ -10,13 +10,23 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlctl.engines.engine_specs import LoraSpec, OptimConfig
-from rlctl.profile.schema import ActorSection, AlgorithmSection, CriticSection, Profile, RolloutSection
+from rlctl.profile.schema import (
+    ActorSection,
+    AlgorithmSection,
+    CriticSection,
+    Profile,
+    RefSection,
+    RolloutSection,
+)
 from rlctl.trainer.plan.rollout_tp import rollout_rank_order
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """Where and how to load one model."""
+    """Where and how to load one model: what the run resolved (the model path, the device, the
+    dtypes, attention, the backend), not the role's own keys. A role's micro-batches come from
+    its own section (``ActorLossSpec.actor``, ``CriticSpec.section``, ``RefSpec.section``); its
+    activation checkpointing and offload from the actor's section (:func:`offloads`)."""
 
     model_path: str
     device_type: str = "cpu"
@@ -25,10 +35,6 @@ class EngineSpec:
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
     dist_backend: str = "gloo"
-    micro_batch_sequences: int = 16
-    micro_batch_tokens: int = 0  # > 0: a token budget per micro-batch instead of the sequence count
-    activation_checkpointing: bool = False
-    offload: bool = False
     seed: int = 1
     separate_rollout: bool = False  # a rollout group in processes of its own shares the hosts (off-policy)
     cpu_threads: int = 0  # platform.cpu_threads: 0 = auto (workers.roles._cpu_threads)
@@ -76,24 +82,30 @@ class PolicySpec:
     rollout: RolloutSpec = RolloutSpec()
     lora: LoraSpec | None = None  # [actor.lora]: adapter training, adapter-only sync
     serves_reference: bool = False  # LoRA + KL: the reference is this model with the adapter off
-    ref_micro_batch: tuple[int, int] = (32, 0)  # its forwards: (ref.micro_batch_sequences, _tokens)
+    ref: RefSection = RefSection()  # [ref]: the micro-batches of those reference forwards
 
 
 @dataclass(frozen=True)
 class CriticSpec:
-    """The value model: the profile's ``[critic]`` section as it is (clip range, epochs), its
-    engine and optimiser, and the two values it takes from the actor."""
+    """The value model: the profile's ``[critic]`` section as it is (clip range, epochs,
+    micro-batches), its engine and optimiser, and the two values it takes from the actor."""
 
     engine: EngineSpec
     optim: OptimConfig
-    section: CriticSection = CriticSection()  # cliprange_value, ppo_epochs (path, lr, ... via engine/optim)
+    section: CriticSection = CriticSection()  # clip range, epochs, micro-batches (path, lr: engine, optim)
+    actor: ActorSection = ActorSection()  # [actor]: its activation_checkpointing and offload are the critic's
     loss_agg_mode: str = "token-mean"  # the actor's (actor.loss_agg_mode)
     norm_constant: float | None = None  # seq-mean-token-sum-norm divisor: the actor's (max_new_tokens)
 
 
 @dataclass(frozen=True)
 class RefSpec:
+    """The frozen reference policy: its engine (``ref.path`` or ``model.path``, stored in the
+    compute dtype) and the profile's ``[ref]`` section as it is (its micro-batches)."""
+
     engine: EngineSpec
+    section: RefSection = RefSection()
+    actor: ActorSection = ActorSection()  # [actor]: its activation_checkpointing and offload are the ref's
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,13 @@ class RoleSpecs:
     policy: PolicySpec
     ref: RefSpec | None = None
     critic: CriticSpec | None = None
+
+
+def offloads(actor: ActorSection) -> bool:
+    """Whether a training engine keeps its parameters (and optimiser state) on the host between
+    its stages: ``actor.param_offload`` or ``actor.optimizer_offload``. The reference and the
+    critic take the actor's setting, as they take its ``activation_checkpointing``."""
+    return actor.param_offload or actor.optimizer_offload
 
 
 def effective_rollout_correction(profile: Profile) -> str:
@@ -141,6 +160,9 @@ def build_specs(
 ) -> RoleSpecs:
     """Translate the profile's flat sections into the specs each role's worker receives.
 
+    Each role reads its micro-batches from its own section; the reference and the critic take
+    the actor's ``activation_checkpointing`` and offload (their specs hold ``[actor]`` for it).
+
     ``dtype`` is the compute dtype. Trained models (actor, critic) keep fp32 master weights and
     optimizer state and compute in ``dtype`` through FSDP2 mixed precision; the frozen reference
     and the rollout engine store their weights in ``dtype`` directly. The HF rollout engine takes
@@ -156,10 +178,6 @@ def build_specs(
         attn_implementation=attn,
         trust_remote_code=p.model.trust_remote_code,
         dist_backend=dist_backend,
-        micro_batch_sequences=p.actor.micro_batch_sequences,
-        micro_batch_tokens=p.actor.micro_batch_tokens,
-        activation_checkpointing=p.actor.activation_checkpointing,
-        offload=p.actor.param_offload or p.actor.optimizer_offload,
         seed=p.run.seed,
         separate_rollout=p.trainer.mode != "sync",
         cpu_threads=p.platform.cpu_threads,
@@ -190,7 +208,7 @@ def build_specs(
         ),
         lora=lora_spec(p),
         serves_reference=p.actor.lora is not None and profile.uses_reference,
-        ref_micro_batch=(p.ref.micro_batch_sequences, p.ref.micro_batch_tokens),
+        ref=p.ref,
     )
     ref = None
     if profile.uses_reference and not policy.serves_reference:
@@ -198,11 +216,11 @@ def build_specs(
             engine=replace(
                 base,
                 model_path=p.ref.path or p.model.path,
-                micro_batch_sequences=p.ref.micro_batch_sequences,
-                micro_batch_tokens=p.ref.micro_batch_tokens,
                 dtype=dtype,
                 mixed_precision=None,
-            )
+            ),
+            section=p.ref,
+            actor=p.actor,
         )
     critic = None
     if profile.uses_critic:
@@ -210,8 +228,6 @@ def build_specs(
             engine=replace(
                 base,
                 model_path=p.critic.path or p.model.path,
-                micro_batch_sequences=p.critic.micro_batch_sequences,
-                micro_batch_tokens=p.critic.micro_batch_tokens,
             ),
             optim=OptimConfig(
                 lr=p.critic.lr,
@@ -221,6 +237,7 @@ def build_specs(
                 weight_decay=0.0,
             ),
             section=p.critic,
+            actor=p.actor,
             loss_agg_mode=p.actor.loss_agg_mode,
             norm_constant=float(p.rollout.max_new_tokens),
         )

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,7 +23,8 @@ from rlctl.engines.batch_metrics import BatchMetrics
 from rlctl.engines.numerics import model_shape, vocab_size_of
 from rlctl.engines.registry import get_engine
 from rlctl.errors import UserError
-from rlctl.trainer.plan.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec
+from rlctl.profile.schema import ActorSection, CriticSection, RefSection
+from rlctl.trainer.plan.specs import CriticSpec, EngineSpec, PolicySpec, RefSpec, offloads
 from rlctl.trainer.state.canary import SyncCanary, canary_due
 from rlctl.trainer.state.fingerprint import SyncCheck, takes_salt, without
 from rlctl.trainer.step.minibatch import MINI_BATCH_ROWS, split_mini_batches
@@ -36,6 +38,7 @@ from rlctl.trainer.workers.sampling import _pad_responses, sample_rows  # noqa: 
 from rlctl.trainer.workers.threads import _cpu_threads, split_cpu_threads  # noqa: F401  (re-exported)
 from rlctl.trainer.workers.weight_streams import ByteCount, PublishedWeights, merged_stream, model_bytes
 
+RoleSection = ActorSection | CriticSection | RefSection  # the section a role's micro-batches come from
 SYNC_STATE = "sync.json"  # the actor's weight version, beside its checkpoint
 
 TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
@@ -53,8 +56,12 @@ def inject_fault(worker: Worker, method: str, step: int | None) -> None:
         raise RuntimeError(f"injected fault in {method} at step {step} ({FAULT_ENV}={spec})")
 
 
-def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool = False, lora=None):
-    """Initialise torch.distributed for this group if needed, then build an FSDP2 engine."""
+def _train_engine(
+    worker: Worker, spec: EngineSpec, section: RoleSection, actor: ActorSection, optim=None, **kw: Any
+):
+    """Initialise torch.distributed for this group if needed, then build an FSDP2 engine whose
+    micro-batches are the role's ``section``'s (``micro_batch_sequences`` / ``_tokens``) and whose
+    activation checkpointing and offload are the ``actor`` section's (every role takes the actor's)."""
     _cpu_threads(worker, spec)
     if worker.world_size > 1:
         worker.init_distributed(spec.dist_backend)
@@ -66,14 +73,14 @@ def _train_engine(worker: Worker, spec: EngineSpec, optim=None, value_head: bool
         dtype=spec.dtype,
         mixed_precision=spec.mixed_precision,
         trust_remote_code=spec.trust_remote_code,
-        value_head=value_head,
-        activation_checkpointing=spec.activation_checkpointing,
-        cpu_offload=spec.offload,
+        value_head=kw.get("value_head", False),
+        activation_checkpointing=actor.activation_checkpointing,
+        cpu_offload=offloads(actor),
         attn_implementation=spec.attn_implementation,
         optim=optim,
-        micro_batch_size=spec.micro_batch_sequences,
-        micro_batch_tokens=spec.micro_batch_tokens,
-        **({"lora": lora} if lora is not None else {}),
+        micro_batch_size=section.micro_batch_sequences,
+        micro_batch_tokens=section.micro_batch_tokens,
+        **({"lora": kw["lora"]} if kw.get("lora") is not None else {}),
     )
 
 
@@ -104,7 +111,7 @@ class PolicyWorker(PeakMemory, Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         spec = self.spec
-        self.actor = _train_engine(self, spec.engine, optim=spec.optim, lora=spec.lora)
+        self.actor = _train_engine(self, spec.engine, spec.loss.actor, spec.loss.actor, spec.optim, lora=spec.lora)
         self.rollout = rollout_engine(spec, actor=self.actor if self.world_size == 1 else None)
         self.actor_loss = make_actor_loss(spec.loss)
         if spec.rollout.section.delta_sync and not delta_ready(self.rollout):
@@ -148,7 +155,8 @@ class PolicyWorker(PeakMemory, Worker):
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
         """The reference policy of a LoRA actor: the same model with its adapter off."""
         view = _train_view(batch)
-        sequences, tokens = self.spec.ref_micro_batch  # the [ref] micro-batch keys, as a ref worker's
+        # the [ref] micro-batch keys, as a ref worker's
+        sequences, tokens = self.spec.ref.micro_batch_sequences, self.spec.ref.micro_batch_tokens
         rows = max(1, tokens // max(1, view["input_ids"].shape[1])) if tokens > 0 else sequences
         with self._actor_on_device():
             out = self.actor.compute_base_log_prob(
@@ -198,12 +206,12 @@ class PolicyWorker(PeakMemory, Worker):
     @contextmanager
     def _actor_on_device(self) -> Iterator[None]:
         """With param/optimizer offload on, the actor lives on the host between its own stages."""
-        if self.spec.engine.offload:
+        if offloads(self.spec.loss.actor):
             self.actor.onload()
         try:
             yield
         finally:
-            if self.spec.engine.offload:
+            if offloads(self.spec.loss.actor):
                 self.actor.offload()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -340,7 +348,7 @@ class ReferenceWorker(PeakMemory, Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        self.ref = _train_engine(self, self.spec.engine)
+        self.ref = _train_engine(self, self.spec.engine, self.spec.section, self.spec.actor)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
@@ -359,7 +367,9 @@ class CriticWorker(PeakMemory, Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        self.critic = _train_engine(self, self.spec.engine, optim=self.spec.optim, value_head=True)
+        self.critic = _train_engine(
+            self, self.spec.engine, self.spec.section, self.spec.actor, optim=self.spec.optim, value_head=True
+        )
         self.critic_loss = make_critic_loss(self.spec)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
