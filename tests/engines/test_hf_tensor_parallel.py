@@ -21,7 +21,7 @@ from rlctl.engines.fsdp_train import FSDPTrainEngine
 from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.engines.numerics import log_prob_tolerance
 from rlctl.errors import RunError
-from rlctl.profile.schema import RolloutSection
+from rlctl.profile.schema import ActorSection, RolloutSection
 from rlctl.trainer.plan.specs import RolloutSpec
 from rlctl.trainer.workers.roles import PolicyWorker
 from tests.engines.helpers import EOS, PAD, free_port, make_model
@@ -36,7 +36,8 @@ def _worker(world: int, tp: int, order: str, model_dir: str, rank: int) -> Polic
         master_port=int(os.environ["MASTER_PORT"]),
     )  # fmt: skip
     worker.spec = types.SimpleNamespace(
-        engine=types.SimpleNamespace(mixed_precision=None, dtype="float32", offload=False),
+        engine=types.SimpleNamespace(mixed_precision=None, dtype="float32"),
+        loss=types.SimpleNamespace(actor=ActorSection()),  # no offload: the canary runs in place
         rollout=RolloutSpec(section=RolloutSection(tensor_parallel=tp), rank_order=order),
         lora=None,
     )

@@ -41,7 +41,7 @@ def _run(rank: int, world: int, port: int, version: str, model_dir: str, out: st
     from rlctl.engines.fsdp_train import FSDPTrainEngine
     from rlctl.engines.sglang_rollout import SGLangRolloutEngine
     from rlctl.errors import RunError
-    from rlctl.profile.schema import RolloutSection
+    from rlctl.profile.schema import ActorSection, RolloutSection
     from rlctl.trainer.plan.specs import RolloutSpec
     from rlctl.trainer.workers.roles import PolicyWorker
 
@@ -57,7 +57,8 @@ def _run(rank: int, world: int, port: int, version: str, model_dir: str, out: st
             mesh=Mesh.of(None, world).with_rollout(2, "contiguous"), master_addr="127.0.0.1", master_port=port,
         )  # fmt: skip
         worker.spec = types.SimpleNamespace(  # with the engine's settings: the canary runs
-            engine=types.SimpleNamespace(mixed_precision=None, dtype="float32", offload=False),
+            engine=types.SimpleNamespace(mixed_precision=None, dtype="float32"),
+            loss=types.SimpleNamespace(actor=ActorSection()),  # no offload: the canary runs in place
             rollout=RolloutSpec(section=RolloutSection(tensor_parallel=2)),
             lora=None,
         )
