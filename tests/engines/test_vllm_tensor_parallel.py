@@ -178,8 +178,12 @@ def _run(rank: int, world: int, port: int, version: str, model_dir: str, out: st
         dist.destroy_process_group()
 
 
+# 0.10.2 launches, groups and loads as 0.13.0 does (read in both wheels): its in-loop run is slow, beside 0.13.0's
+IN_LOOP_VERSIONS = [pytest.param(v, marks=pytest.mark.slow) if v == "0.10.2" else v for v in VLLM_TP_VERSIONS]
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("version", VLLM_TP_VERSIONS)
+@pytest.mark.parametrize("version", IN_LOOP_VERSIONS)
 def test_fsdp2_to_vllm_tp2_in_the_loop(tmp_path, version):
     from rlctl.engines.hf_rollout import HFRolloutEngine
 
