@@ -168,3 +168,36 @@ def spawn_per_world_size(
         out[world] = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
         out[world][0]["dir"] = out_dir
     return out
+
+
+def tp2_policy_worker(rank: int, world: int, port: int, model_dir, rollout):
+    """A ``PolicyWorker`` of ``world`` gloo ranks (the group already initialised) whose rollout
+    engine ``rollout`` runs at TP 2 in contiguous groups, with an FSDP2 actor over ``model_dir``
+    whose weights are moved off the checkpoint by a seeded draw (the sync has something to move)."""
+    import types
+
+    from rlctl.dispatch.mesh import Mesh
+    from rlctl.dispatch.worker import WorkerContext
+    from rlctl.engines.fsdp_train import FSDPTrainEngine
+    from rlctl.profile.schema import ActorSection, RolloutSection
+    from rlctl.trainer.plan.specs import RolloutSpec
+    from rlctl.trainer.workers.roles import PolicyWorker
+
+    worker = PolicyWorker.__new__(PolicyWorker)
+    worker._rlctl_ctx = WorkerContext(
+        role="policy", rank=rank, world_size=world, local_rank=rank, local_world_size=world,
+        mesh=Mesh.of(None, world).with_rollout(2, "contiguous"), master_addr="127.0.0.1", master_port=port,
+    )  # fmt: skip
+    worker.spec = types.SimpleNamespace(  # with the engine's settings: the canary runs
+        engine=types.SimpleNamespace(mixed_precision=None, dtype="float32"),
+        loss=types.SimpleNamespace(actor=ActorSection()),  # no offload: the canary runs in place
+        rollout=RolloutSpec(section=RolloutSection(tensor_parallel=2)),
+        lora=None,
+    )
+    worker.actor = FSDPTrainEngine(model_dir)
+    worker.rollout = rollout
+    g = torch.Generator().manual_seed(1000 + rank)  # the trainer's weights move off the checkpoint
+    with torch.no_grad():
+        for _, p in worker.actor.model.named_parameters():
+            p.to_local().add_(0.01 * torch.randn(p.to_local().shape, generator=g))
+    return worker

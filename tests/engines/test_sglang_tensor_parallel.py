@@ -17,7 +17,7 @@ import torch
 import torch.multiprocessing as mp
 from transformers import AutoConfig
 
-from tests.engines.helpers import EOS, PAD, free_port, make_model
+from tests.engines.helpers import EOS, PAD, free_port, make_model, tp2_policy_worker
 from tests.engines.test_vllm_tensor_parallel import _reference
 
 SGLANG_TP_VERSIONS = ("0.5.3", "0.5.23")
@@ -36,14 +36,8 @@ def _install_fake_sglang(version: str, root: str) -> list:
 def _run(rank: int, world: int, port: int, version: str, model_dir: str, out: str) -> None:
     import torch.distributed as dist
 
-    from rlctl.dispatch.mesh import Mesh
-    from rlctl.dispatch.worker import WorkerContext
-    from rlctl.engines.fsdp_train import FSDPTrainEngine
     from rlctl.engines.sglang_rollout import SGLangRolloutEngine
     from rlctl.errors import RunError
-    from rlctl.profile.schema import ActorSection, RolloutSection
-    from rlctl.trainer.plan.specs import RolloutSpec
-    from rlctl.trainer.workers.roles import PolicyWorker
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
@@ -51,23 +45,10 @@ def _run(rank: int, world: int, port: int, version: str, model_dir: str, out: st
     calls = _install_fake_sglang(version, f"{out}.site{rank}")
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        worker = PolicyWorker.__new__(PolicyWorker)
-        worker._rlctl_ctx = WorkerContext(
-            role="policy", rank=rank, world_size=world, local_rank=rank, local_world_size=world,
-            mesh=Mesh.of(None, world).with_rollout(2, "contiguous"), master_addr="127.0.0.1", master_port=port,
+        worker = tp2_policy_worker(
+            rank, world, port, model_dir,
+            SGLangRolloutEngine(model_dir, device="cpu", dtype="float32", tensor_parallel_size=2),
         )  # fmt: skip
-        worker.spec = types.SimpleNamespace(  # with the engine's settings: the canary runs
-            engine=types.SimpleNamespace(mixed_precision=None, dtype="float32"),
-            loss=types.SimpleNamespace(actor=ActorSection()),  # no offload: the canary runs in place
-            rollout=RolloutSpec(section=RolloutSection(tensor_parallel=2)),
-            lora=None,
-        )
-        worker.actor = FSDPTrainEngine(model_dir)
-        worker.rollout = SGLangRolloutEngine(model_dir, device="cpu", dtype="float32", tensor_parallel_size=2)
-        g = torch.Generator().manual_seed(1000 + rank)
-        with torch.no_grad():
-            for _, p in worker.actor.model.named_parameters():
-                p.to_local().add_(0.01 * torch.randn(p.to_local().shape, generator=g))
         worker.rollout.sleep()
         worker.rollout.wake()
         metrics = worker.sync_weights(step=1)

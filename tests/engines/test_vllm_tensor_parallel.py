@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import types
 
 import pytest
 import torch
@@ -22,7 +21,7 @@ from rlctl.reshard import train_to_rollout_plan
 from rlctl.reshard.baselines import fsdp_shard
 from rlctl.reshard.loopback import collect_all_ranks
 from tests.engines.fake_vllm_tp import ShardedModel
-from tests.engines.helpers import EOS, PAD, free_port, make_model
+from tests.engines.helpers import EOS, PAD, free_port, make_model, tp2_policy_worker
 
 VLLM_TP_VERSIONS = ("0.10.2", "0.13.0", "0.33.0")  # the floor rlctl pins and two later releases
 
@@ -127,37 +126,18 @@ def _install_fake_vllm(version: str, root: str) -> None:
 def _run(rank: int, world: int, port: int, version: str, model_dir: str, out: str) -> None:
     import torch.distributed as dist
 
-    from rlctl.dispatch.mesh import Mesh
-    from rlctl.dispatch.worker import WorkerContext
-    from rlctl.engines.fsdp_train import FSDPTrainEngine
     from rlctl.engines.vllm_rollout import VLLMRolloutEngine
     from rlctl.errors import RunError
-    from rlctl.profile.schema import ActorSection, RolloutSection
-    from rlctl.trainer.plan.specs import RolloutSpec
-    from rlctl.trainer.workers.roles import PolicyWorker
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank))
     _install_fake_vllm(version, f"{out}.site{rank}")
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        worker = PolicyWorker.__new__(PolicyWorker)
-        worker._rlctl_ctx = WorkerContext(
-            role="policy", rank=rank, world_size=world, local_rank=rank, local_world_size=world,
-            mesh=Mesh.of(None, world).with_rollout(2, "contiguous"), master_addr="127.0.0.1", master_port=port,
+        worker = tp2_policy_worker(
+            rank, world, port, model_dir,
+            VLLMRolloutEngine(model_dir, device="cpu", dtype="float32", tensor_parallel_size=2),
         )  # fmt: skip
-        worker.spec = types.SimpleNamespace(  # with the engine's settings: the canary runs
-            engine=types.SimpleNamespace(mixed_precision=None, dtype="float32"),
-            loss=types.SimpleNamespace(actor=ActorSection()),  # no offload: the canary runs in place
-            rollout=RolloutSpec(section=RolloutSection(tensor_parallel=2)),
-            lora=None,
-        )
-        worker.actor = FSDPTrainEngine(model_dir)
-        worker.rollout = VLLMRolloutEngine(model_dir, device="cpu", dtype="float32", tensor_parallel_size=2)
-        g = torch.Generator().manual_seed(1000 + rank)  # the trainer's weights move off the checkpoint
-        with torch.no_grad():
-            for _, p in worker.actor.model.named_parameters():
-                p.to_local().add_(0.01 * torch.randn(p.to_local().shape, generator=g))
         metrics = worker.sync_weights(step=1)
         full = {n: t.full_tensor().detach().clone() for n, t in worker.actor.model.named_parameters()}
         held = {n: t.clone() for n, t in worker.rollout.local_tensors().items()}
