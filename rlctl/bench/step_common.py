@@ -18,7 +18,8 @@ MODES = ("sync", "one_step_off", "async")
 # rows beyond the three modes: a mode with a switch on (the long-tail task's rows,
 # docs/async-rollouts.md); each is the named mode's profile plus these keys
 VARIANTS = {
-    "async-partial": ("trainer.mode=async", "trainer.partial_rollouts=true"),
+    "async-swap": ("trainer.mode=async", 'trainer.partial_rollouts="swap"'),
+    "async-carry": ("trainer.mode=async", 'trainer.partial_rollouts="carry"'),
     "async-delta": ("trainer.mode=async", "rollout.delta_sync=true"),
 }
 ROWS = (*MODES, *VARIANTS)

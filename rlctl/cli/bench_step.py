@@ -19,7 +19,7 @@ from rlctl.bench.step_common import MODES, ROWS, VARIANTS
     "--modes",
     default=",".join(MODES),
     show_default=True,
-    help=f"rlctl modes, comma-separated; also {', '.join(VARIANTS)} (async with partial rollouts / delta pushes).",
+    help=f"rlctl modes, comma-separated; also {', '.join(VARIANTS)} (async with in-flight swaps / carried partial rollouts / delta pushes).",
 )
 @click.option("--prompts", "prompts_per_step", type=click.IntRange(1), default=None, help="Prompts per step.")
 @click.option("-n", "n", type=click.IntRange(1), default=None, help="Samples per prompt.")

@@ -174,8 +174,15 @@ class HFRolloutEngine:
         version: int | None = None,
         swap: Swap | None = None,
         kv_on_swap: str = "recompute",
+        limits: torch.Tensor | None = None,
+        stop_share: float = 0.0,
     ) -> dict[str, torch.Tensor]:
         """Sample ``n`` responses per left-padded prompt, stopping each row at EOS.
+
+        Carried partial rollouts (:mod:`rlctl.trainer.loops.carry`): ``limits`` (one per output
+        row) caps each row's new tokens below ``max_new_tokens``; with ``stop_share > 0`` the call
+        returns once at most that share of its rows is still running, and ``finished`` (bool per
+        row: EOS or its limit reached) tells the rows cut short from the rows done.
 
         In-flight weight updates (:mod:`rlctl.engines.inflight`): with ``version`` given, the
         output has ``token_versions`` (the weight version each response token was sampled with;
@@ -225,6 +232,7 @@ class HFRolloutEngine:
         versions = torch.zeros(bsz, max_new_tokens, dtype=torch.long, device=dev)
         current = 0 if version is None else int(version)
 
+        row_limits = None if limits is None else limits.to(dev).long().view(-1)
         logits, cache = self._prefill(prompts, pmask)
         # the rows the model still runs: all of them (a slice: views, no index copies) until the
         # first drop, then their full-batch indices
@@ -245,11 +253,14 @@ class HFRolloutEngine:
             versions[run, t] = alive.long() * current
             if eos.numel():
                 finished[run] = ~alive | torch.isin(tok, eos)
+            if row_limits is not None:
+                finished[run] |= row_limits[run] <= t + 1
             if t == max_new_tokens - 1:
+                finished[run] = True
                 break
             alive = ~finished[run]
             n_alive = int(alive.sum())
-            if n_alive == 0:
+            if n_alive == 0 or n_alive <= stop_share * bsz:  # the rest is carried to the next call
                 break
             if can_drop and (tok.shape[0] - n_alive) >= DROP_FRACTION * tok.shape[0]:
                 keep = alive.nonzero().squeeze(1)
@@ -278,6 +289,8 @@ class HFRolloutEngine:
         }
         if version is not None:
             out["token_versions"] = versions
+        if limits is not None or stop_share > 0:
+            out["finished"] = finished
         # plain host tensors for the caller: inference tensors refuse in-place updates outside
         with torch.inference_mode(False):
             return {k: v.to("cpu", copy=True) for k, v in out.items()}

@@ -207,25 +207,30 @@ def _check_delta_sync(profile: Profile, fail: Callable[[str, str], None]) -> Non
 
 
 def _check_partial_rollouts(profile: Profile, fail: Callable[[str, str], None]) -> None:
-    """Where in-flight swaps run (the async pipeline's HF rollout workers, in-process or on Ray,
-    full weights): anything else is refused, so the switch never sits unread."""
-    if not profile.trainer.partial_rollouts:
+    """Where partial rollouts run (the async pipeline's HF rollout workers, in-process or on Ray;
+    swaps with full weights): anything else is refused, so the switch never sits unread."""
+    mode = profile.trainer.partial_rollouts
+    if mode == "off":
         return
-    r = profile.rollout
+    r, swap = profile.rollout, mode == "swap"
     blockers = {
         "trainer.mode": (
             profile.trainer.mode != "async",
-            f"needs trainer.mode = 'async', got {profile.trainer.mode!r} (sync has no weights to take "
-            "mid-generation; one_step_off pins each batch to one version)",
+            f"needs trainer.mode = 'async', got {profile.trainer.mode!r} (sync generates each batch "
+            "with the weights it trains; one_step_off pins each batch to one version)",
         ),
         "rollout.engine": (
             r.engine in ("vllm", "sglang"),
-            f"the {r.engine!r} engine's swap is not wired to the rollout workers yet; use rollout.engine = 'hf'",
+            f"the {r.engine!r} engine's partial rollouts are not wired to the rollout workers yet; use rollout.engine = 'hf'",
         ),
-        "rollout.tensor_parallel": (r.tensor_parallel > 1, "every rank would have to take the same swap at the same step"),
-        "rollout.delta_sync": (r.delta_sync, "a swap loads the full published weights; set one of the two"),
-        "actor.lora": (profile.actor.lora is not None, "a swap loads full weights, not an adapter"),
+        "rollout.tensor_parallel": (r.tensor_parallel > 1, "every rank would have to stop at the same decode step"),
+        "rollout.delta_sync": (swap and r.delta_sync, "a swap loads the full published weights; set one of the two"),
+        "actor.lora": (swap and profile.actor.lora is not None, "a swap loads full weights, not an adapter"),
+        "algorithm.adv_estimator": (
+            not swap and profile.algorithm.adv_estimator == "remax",
+            "ReMax's greedy baseline regenerates the prompts drawn, not the carried groups handed out",
+        ),
     }
     for key, (blocked, why) in blockers.items():
         if blocked:
-            fail(key, f"trainer.partial_rollouts = true: {why}")
+            fail(key, f"trainer.partial_rollouts = {mode!r}: {why}")

@@ -217,27 +217,31 @@ def test_delta_sync_with_two_ranks_off_policy_is_accepted(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("sets", "key"),
+    ("mode", "sets", "key"),
     [
-        (["trainer.mode=one_step_off", "cluster.backend=inprocess"], "trainer.mode"),
-        (["trainer.mode=async", "cluster.backend=inprocess", "rollout.engine=vllm"], "rollout.engine"),
-        (["trainer.mode=async", "cluster.backend=inprocess", "rollout.delta_sync=true"], "rollout.delta_sync"),
+        ("swap", ["trainer.mode=one_step_off", "cluster.backend=inprocess"], "trainer.mode"),
+        ("carry", ["trainer.mode=sync"], "trainer.mode"),
+        ("swap", ["trainer.mode=async", "cluster.backend=inprocess", "rollout.engine=vllm"], "rollout.engine"),
+        ("carry", ["trainer.mode=async", "rollout.engine=sglang"], "rollout.engine"),
+        ("swap", ["trainer.mode=async", "cluster.backend=inprocess", "rollout.delta_sync=true"], "rollout.delta_sync"),
+        ("carry", ["trainer.mode=async", "algorithm.adv_estimator=remax"], "algorithm.adv_estimator"),
     ],
 )
-def test_partial_rollouts_where_they_cannot_run_are_refused_naming_the_key(tmp_path, sets, key):
-    """trainer.partial_rollouts is read by the async pipeline's HF rollout workers on full pushes; anywhere else it would sit unread, so it is refused."""
+def test_partial_rollouts_where_they_cannot_run_are_refused_naming_the_key(tmp_path, mode, sets, key):
+    """trainer.partial_rollouts is read by the async pipeline's HF rollout workers (swaps on full
+    pushes; carried rows without ReMax's regenerated baseline); anywhere else it would sit unread."""
     p = write(tmp_path, GOOD)
-    args = ["profile", "check", p, "--set", "trainer.partial_rollouts=true"]
+    args = ["profile", "check", p, "--set", f'trainer.partial_rollouts="{mode}"']
     for s in sets:
         args += ["--set", s]
-    assert_user_error(args, f"{key}: trainer.partial_rollouts = true")
+    assert_user_error(args, f"{key}: trainer.partial_rollouts = '{mode}'")
 
 
-@pytest.mark.parametrize("backend", ["inprocess", "ray"])
-def test_partial_rollouts_in_async_are_accepted(tmp_path, backend):
+@pytest.mark.parametrize(("mode", "backend"), [("swap", "inprocess"), ("swap", "ray"), ("carry", "ray")])
+def test_partial_rollouts_in_async_are_accepted(tmp_path, mode, backend):
     p = write(tmp_path, GOOD)
-    code, _, err = run_cli(
-        "profile", "check", p, "--set", "trainer.partial_rollouts=true", "--set", "trainer.mode=async",
-        "--set", f"cluster.backend={backend}",
-    )
+    sets = [f'trainer.partial_rollouts="{mode}"', "trainer.mode=async", f"cluster.backend={backend}"]
+    if mode == "carry":
+        sets.append("rollout.delta_sync=true")  # pushes between rounds: delta pushes as plain async's
+    code, _, err = run_cli("profile", "check", p, *[a for s in sets for a in ("--set", s)])
     assert code == 0, err

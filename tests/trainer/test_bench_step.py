@@ -116,20 +116,22 @@ def test_bench_step_against_trl_runs_trl_on_the_same_shape(tmp_path):
 
 
 def test_bench_step_rows_switch_partial_rollouts_and_delta_pushes_on_async(tmp_path):
-    """The long-tail rows beyond the modes: async with partial rollouts, async with delta pushes;
-    each compared with sync and with today's async."""
+    """The long-tail rows beyond the modes: async with in-flight swaps, with carried partial
+    rollouts, with delta pushes; each compared with sync and with today's async."""
     from rlctl.bench.step_common import StepBenchConfig, bench_profile
 
     cfg = StepBenchConfig(profile="profiles/tiny-cpu-longtail.toml", steps=2, backend="inprocess")
-    partial = bench_profile(cfg, "async-partial", tmp_path)
+    swap = bench_profile(cfg, "async-swap", tmp_path)
+    carry = bench_profile(cfg, "async-carry", tmp_path)
     delta = bench_profile(cfg, "async-delta", tmp_path)
     plain = bench_profile(cfg, "async", tmp_path)
-    assert (partial.trainer.mode, partial.trainer.partial_rollouts, partial.rollout.delta_sync) == ("async", True, False)
-    assert (delta.trainer.mode, delta.trainer.partial_rollouts, delta.rollout.delta_sync) == ("async", False, True)
-    assert (plain.trainer.partial_rollouts, plain.rollout.delta_sync) == (False, False)
-    assert partial.run.name == "rlctl-async-partial"
+    assert (swap.trainer.mode, swap.trainer.partial_rollouts, swap.rollout.delta_sync) == ("async", "swap", False)
+    assert (carry.trainer.mode, carry.trainer.partial_rollouts, carry.rollout.delta_sync) == ("async", "carry", False)
+    assert (delta.trainer.mode, delta.trainer.partial_rollouts, delta.rollout.delta_sync) == ("async", "off", True)
+    assert (plain.trainer.partial_rollouts, plain.rollout.delta_sync) == ("off", False)
+    assert carry.run.name == "rlctl-async-carry"
     rows = [{"name": n, "samples_per_s": s, "time_to_sustained_s": None} for n, s in
-            (("sync", 10.0), ("async", 12.0), ("async-partial", 18.0))]
+            (("sync", 10.0), ("async", 12.0), ("async-carry", 18.0))]
     out = ratios(rows)
-    assert out["async-partial_samples_per_s_vs_sync"] == 1.8 and out["async-partial_samples_per_s_vs_async"] == 1.5
+    assert out["async-carry_samples_per_s_vs_sync"] == 1.8 and out["async-carry_samples_per_s_vs_async"] == 1.5
     assert "async_samples_per_s_vs_async" not in out

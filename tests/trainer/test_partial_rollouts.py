@@ -98,7 +98,7 @@ def test_without_a_board_one_version_per_generation(tiny_model):
     assert out.batch["token_versions"][out.batch["response_mask"].bool()].eq(2).all()
 
 
-PARTIAL = 'mode = "async"\nmax_staleness = 1\npartial_rollouts = true\nlog_samples = 64\nlog_samples_every = 1\n'
+PARTIAL = 'mode = "async"\nmax_staleness = 1\npartial_rollouts = "swap"\nlog_samples = 64\nlog_samples_every = 1\n'
 
 
 def _trained_prompts(run_dir) -> dict[int, list[str]]:

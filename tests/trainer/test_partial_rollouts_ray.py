@@ -17,7 +17,7 @@ from rlctl.trainer.workers.weight_streams import PublishedWeights
 from tests.trainer.test_async_modes import train
 from tests.trainer.test_partial_rollouts import _worker
 
-PARTIAL = 'mode = "async"\nmax_staleness = 1\npartial_rollouts = true\n'
+PARTIAL = 'mode = "async"\nmax_staleness = 1\npartial_rollouts = "swap"\n'
 
 
 def _as_list(mesh: Mesh, values: dict) -> list:

@@ -20,6 +20,7 @@ from rlctl.errors import UserError
 from rlctl.trainer.loops.pipeline import Produced
 
 PENDING_DIR = "pending"
+CARRIED_DIR = "carried"
 
 
 def save_pending(path: Path, items: list[Produced]) -> None:
@@ -69,6 +70,30 @@ def load_pending(path: Path) -> list[Produced]:
             )
         )
     return items
+
+
+def save_carried(path: Path, prompts: DataProto | None) -> None:
+    """Carried partial rollouts: the prompts drawn but not yet trained, under ``path/carried/``."""
+    if prompts is None:
+        return
+    root = path / CARRIED_DIR
+    root.mkdir()
+    save_file({k: v.detach().cpu().clone() for k, v in prompts.batch.items()}, str(root / "prompts.safetensors"))
+    columns = {k: _column_to_json(k, v) for k, v in prompts.non_tensor.items()}
+    (root / "prompts.json").write_text(json.dumps({"non_tensor": columns}))
+
+
+def load_carried(path: Path) -> DataProto | None:
+    """The prompts ``save_carried`` wrote at ``path`` (None when there are none)."""
+    root = path / CARRIED_DIR
+    if not root.is_dir():
+        return None
+    try:
+        record = json.loads((root / "prompts.json").read_text())
+        tensors = load_file(str(root / "prompts.safetensors"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--resume {path}: {CARRIED_DIR}/ cannot be read ({exc})") from exc
+    return DataProto(tensors, {k: _column_from_json(v) for k, v in record["non_tensor"].items()})
 
 
 def _column_to_json(name: str, column: np.ndarray) -> dict[str, Any]:

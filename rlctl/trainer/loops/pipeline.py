@@ -36,6 +36,7 @@ class Produced:
     counts: dict[str, float] = field(default_factory=dict)  # the rollout stage's metrics
     seconds: dict[str, float] = field(default_factory=dict)  # gen / reward seconds (overlapped)
     data_state: dict | None = None  # the prompt stream's position after this batch's prompts
+    carried: Any = None  # carried partial rollouts: the prompts drawn but in no batch yet (DataProto)
 
 
 Produce = Callable[[int, int], Produced]  # (batch index, weight version) -> Produced

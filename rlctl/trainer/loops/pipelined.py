@@ -38,7 +38,8 @@ from rlctl.dispatch import DataProto
 from rlctl.dispatch.futures import LazyInput
 from rlctl.dispatch.version_board import RayVersionBoard
 from rlctl.errors import RunError, UserError
-from rlctl.trainer.loops.pending import load_pending, save_pending
+from rlctl.trainer.loops.carry import CarriedRollouts
+from rlctl.trainer.loops.pending import load_carried, load_pending, save_carried, save_pending
 from rlctl.trainer.loops.pipeline import Produced, RolloutPipeline
 from rlctl.trainer.loops.source import Rollout, RolloutStage
 from rlctl.trainer.state.fingerprint import merge_push_metrics
@@ -99,8 +100,11 @@ class Pipeline:
         self.group = None  # the rollout workers, while running
         self.pipeline: RolloutPipeline | None = None
         self.push_checks: dict[str, float] = {}  # the checks of the weights the rollout workers hold
-        # trainer.partial_rollouts: the rollout workers take newer weights mid-generation (newer())
+        # trainer.partial_rollouts = "swap": the rollout workers take newer weights mid-generation (newer())
         self.partial = False  # set by running() from the profile
+        # trainer.partial_rollouts = "carry": rows unfinished at a round's cut go on in the next round
+        self.carry: CarriedRollouts | None = None
+        self.carried: DataProto | None = None  # the prompts drawn but untrained: after a resume, then per step
         self.futures: dict[int, Any] = {}  # version -> the policy's full_weights call
         self.remote_board: RayVersionBoard | None = None  # partial rollouts on Ray: the workers' board
 
@@ -111,8 +115,9 @@ class Pipeline:
         runs to the profile's last step even when ``--max-steps`` stops earlier, so its last
         checkpoint holds the next batch, one update stale as the uninterrupted run's."""
         self.stage = stage
-        self.partial = self.ctx.profile.trainer.partial_rollouts
+        self.partial = self.ctx.profile.trainer.partial_rollouts == "swap"
         self.group, pool = spawn_rollout_group(self.ctx)
+        self.carry = self._carry() if self.ctx.profile.trainer.partial_rollouts == "carry" else None
         try:
             self._check_rollout_log_probs()
             ready, self.ready = self.ready, []
@@ -149,7 +154,7 @@ class Pipeline:
         item, waited = self.pipeline.next(step)
         timer.seconds.update(item.seconds)
         timer.seconds["wait_rollout"] = waited
-        self.consumed = item.data_state
+        self.consumed, self.carried = item.data_state, item.carried
         return Rollout(item.batch, item.batch.batch["weight_version"], dict(item.counts))
 
     def publish(self, step: int, timer: StageTimer) -> None:
@@ -183,6 +188,8 @@ class Pipeline:
     def save(self, checkpoint: Path, step: int) -> None:
         """An exact pipeline's next batch, generated with the weights before this step's update (a
         latest pipeline's depend on thread timing anyway: they are generated again)."""
+        if self.carry is not None:
+            save_carried(checkpoint, self.carried)
         if not self.exact or self.pipeline is None or step >= self.ctx.profile.trainer.steps:
             return
         item = self.pipeline.peek(step + 1)
@@ -191,6 +198,7 @@ class Pipeline:
     def load(self, checkpoint: Path | None) -> None:
         """The batches the checkpoint holds come first; the thread draws after their prompts."""
         self.ready = load_pending(checkpoint) if checkpoint is not None else []
+        self.carried = load_carried(checkpoint) if checkpoint is not None else None
         if self.ready:
             consumed = self.prompts.state_dict()
             self.prompts.load_state_dict(self.ready[-1].data_state)
@@ -199,8 +207,11 @@ class Pipeline:
     # -- the rollout thread's side -------------------------------------------------------------------
     def _produce(self, index: int, version: int) -> Produced:
         timer = StageTimer()
+        sampler = self.group if self.carry is None else self.carry
+        if self.carry is not None:
+            self.carry.required = self.pipeline.required(index)
         with self.gate:
-            batch, counts = self.stage(timer, index, self.group)
+            batch, counts = self.stage(timer, index, sampler)
         versions, (tokens, mask) = batch.batch["weight_version"], token_versions(batch)
         sampled = None if tokens is None else tokens[mask.bool()]
         oldest = int(sampled.min()) if sampled is not None and sampled.numel() else int(versions.min())
@@ -214,7 +225,12 @@ class Pipeline:
         # the rollout workers' peak, read here between their calls (from the trainer's thread the
         # call would wait behind their next generation)
         counts.update(peak_memory_metrics({"rollout": self.group}))
-        return Produced(index, batch, version, counts, dict(timer.seconds), self.prompts.state_dict())
+        carried = None
+        if self.carry is not None:
+            counts.update(self.carry.metrics())
+            carried = self.carry.untrained()
+        state = self.prompts.state_dict()
+        return Produced(index, batch, version, counts, dict(timer.seconds), state, carried)
 
     def _push(self, version: int, weights: LazyInput) -> None:
         """Load ``version`` into the rollout workers; each checks it (``sync/fingerprint_*``, and
@@ -255,6 +271,21 @@ class Pipeline:
         if newest <= than or future is None:
             return None
         return newest, future.get()[0]
+
+    def _carry(self) -> CarriedRollouts:
+        """Carried partial rollouts over the rollout workers; a resume's untrained prompts first."""
+        p = self.ctx.profile
+        carry = CarriedRollouts(
+            self.group,
+            self.prompts.next_batch,
+            n=p.rollout.n,
+            max_new_tokens=p.rollout.max_new_tokens,
+            stop_share=p.trainer.carry_stop_share,
+            pad_token_id=int(self.ctx.sampling(validation=False)["pad_token_id"]),
+        )
+        if self.carried is not None:
+            carry.add(self.carried)
+        return carry
 
     def _check_rollout_log_probs(self) -> None:
         p = self.ctx.profile

@@ -243,14 +243,17 @@ class Trainer:
         if self.episodes is not None:
             return self.episodes.generate(prompts, n, seed=seed, validation=validation, greedy=greedy)
         rows = prompts.repeat(n, interleave=True)
-        request = rows.select(["input_ids", "attention_mask"])
+        sampler = self.ctx.policy if sampler is None else sampler
+        request = rows.select(["input_ids", "attention_mask"])  # with the prompts' columns
+        # a sampler that hands back other rows than asked (carried partial rollouts) returns their columns
+        returns_rows = getattr(sampler, "returns_rows", False)
         request.meta.update(self.ctx.sampling(validation=validation), seed=seed)
         if greedy:
             request.meta["greedy"] = True
-        out = (self.ctx.policy if sampler is None else sampler).generate_sequences(request)
+        out = sampler.generate_sequences(request)
         return DataProto.from_dict(
             tensors=out.batch,
-            non_tensors=rows.non_tensor,
+            non_tensors=out.non_tensor if returns_rows else rows.non_tensor,
             meta={
                 "temperature": self.p.rollout.temperature,
                 "weight_version": out.meta.get("weight_version"),

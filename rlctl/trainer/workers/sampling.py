@@ -12,8 +12,12 @@ from rlctl.dispatch import DataProto
 def sample_rows(rollout: Any, prompts: DataProto, rank: int, **inflight: Any) -> dict[str, torch.Tensor]:
     """One response per row of ``prompts`` with the sampling settings in its meta, seeded by the
     request's seed and ``rank``, padded to ``max_new_tokens``: every rollout worker's generate.
-    ``inflight``: ``version=`` and ``swap=`` for in-flight weight swaps (:mod:`rlctl.engines.inflight`)."""
+    ``inflight``: ``version=`` and ``swap=`` for in-flight weight swaps (:mod:`rlctl.engines.inflight`).
+    A request with ``limits`` (carried partial rollouts, :mod:`rlctl.trainer.loops.carry`) caps each
+    row's new tokens and stops at ``stop_share`` rows still running (``finished`` per row)."""
     meta = prompts.meta
+    if "limits" in prompts.batch:
+        inflight = {**inflight, "limits": prompts.batch["limits"], "stop_share": float(meta["stop_share"])}
     out = rollout.generate(
         prompts.batch["input_ids"],
         prompts.batch["attention_mask"],
