@@ -143,6 +143,23 @@ class RunLock:
 
 
 @contextlib.contextmanager
+def claimed_run_dir(run_dir: Path) -> Iterator[Path]:
+    """The run directory, checked (:func:`prepare_run_dir`) and locked (:class:`RunLock`) for the
+    body. A directory this call created is removed again when the body fails before writing
+    anything into it (a bad ``--resume PATH`` leaves nothing behind)."""
+    created = not os.path.lexists(os.path.abspath(run_dir))
+    run_dir = prepare_run_dir(run_dir)
+    try:
+        with RunLock(run_dir):
+            yield run_dir
+    except BaseException:
+        if created and [p.name for p in run_dir.iterdir()] == [LOCK_FILE]:
+            (run_dir / LOCK_FILE).unlink()
+            run_dir.rmdir()
+        raise
+
+
+@contextlib.contextmanager
 def atomic_dir(final: Path) -> Iterator[Path]:
     """Yield a temporary sibling of ``final`` to fill; on success it replaces ``final``, else it is removed."""
     final = Path(final)

@@ -9,7 +9,7 @@ from pathlib import Path
 from rlctl.errors import Stopped
 from rlctl.log import get_logger
 from rlctl.profile import Profile, profile_to_toml
-from rlctl.tracking.run_files import RunLock, prepare_run_dir, write_text_nofollow
+from rlctl.tracking.run_files import claimed_run_dir, write_text_nofollow
 
 log = get_logger("rlctl.train")
 STOP_SHUTDOWN_S = 10.0  # of SLURM's default 30 s grace: the step and the save come first
@@ -32,18 +32,17 @@ def train(
     from rlctl.trainer.setup.models import materialize_model
     from rlctl.trainer.state import checkpoint
 
-    run_dir = run_dir_for(profile, output_dir)
-    # a --resume PATH is read here, once: a bad one fails before the run directory or any worker exists
-    asked = checkpoint.find_resume_point(run_dir, resume) if resume not in ("auto", "never") else None
     plan = resolve_plan(profile)  # the one resolution: workers are built from its specs
     refuse_failures(plan)  # one line naming each FAIL check and its fix; no worker has started
-    run_dir = prepare_run_dir(run_dir)  # ours, writable by no one else, no symlink where we write
-    with RunLock(run_dir):  # a second run on this directory exits 2 naming this one's pid and host
+    # ours, writable by no one else, no symlink where we write; a second run on this directory exits
+    # 2 naming this one's pid and host; created here and left empty, it is removed if the run fails
+    with claimed_run_dir(run_dir_for(profile, output_dir)) as run_dir:
         def carries_over(path: Path, state: dict) -> None:  # the roles this run's checkpoints hold
             checkpoint.check_carries_over(path, state, plan.checkpointed_roles)
 
-        # what the run continues, decided once under the lock, before any worker starts
-        point = checkpoint.prepare_resume(run_dir, resume, check=carries_over, point=asked)
+        # what the run continues (a --resume PATH read here, once), decided under the lock before
+        # any worker starts
+        point = checkpoint.prepare_resume(run_dir, resume, check=carries_over)
         model_path = materialize_model(profile.model.path, run_dir / "base_model", seed=profile.run.seed)
         plan = plan.with_model_path(profile.model.path, model_path)
         profile = replace(profile, model=replace(profile.model, path=model_path))

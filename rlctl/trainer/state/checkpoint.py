@@ -206,16 +206,14 @@ def find_resume_point(run_dir: Path, resume: str) -> Path | None:
     return read_checkpoint(Path(resume)).path
 
 
-def prepare_resume(
-    run_dir: Path, resume: str, check: Callable[[Path, dict], None] | None = None, point: Path | None = None
-) -> ResumePlan:
+def prepare_resume(run_dir: Path, resume: str, check: Callable[[Path, dict], None] | None = None) -> ResumePlan:
     """Decide what a starting run continues from, and make ``checkpoints/`` hold only its lineage.
 
-    ``point``: a ``--resume PATH`` already read (:func:`find_resume_point`), else ``resume`` is
-    resolved here. ``check(path, driver_state)`` may refuse it before anything moves. ``checkpoints/``
-    is kept when the run continues its latest checkpoint, else moved aside (never deleted; a
-    ``--resume PATH`` inside it is followed to its new place)."""
-    point = point or find_resume_point(run_dir, resume)
+    ``resume`` (auto, never or a checkpoint path) is read here (:func:`find_resume_point`);
+    ``check(path, driver_state)`` may refuse it before anything moves. ``checkpoints/`` is kept when
+    the run continues its latest checkpoint, else moved aside (never deleted; a ``--resume PATH``
+    inside it is followed to its new place)."""
+    point = find_resume_point(run_dir, resume)
     lineage = new_lineage()
     if point is not None:
         verify_files(point)
