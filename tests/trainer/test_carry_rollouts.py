@@ -33,6 +33,7 @@ class Workers:
 
     def __init__(self, engine: HFRolloutEngine, weights: dict[int, dict[str, torch.Tensor]]) -> None:
         self.engine, self.weights, self.version = engine, weights, 1
+        self.stops: list[float] = []  # each round's stop share
         engine.update_weights(weights[1].items())
 
     def hold(self, version: int) -> None:
@@ -40,6 +41,7 @@ class Workers:
         self.engine.update_weights(self.weights[version].items())
 
     def generate_sequences(self, request: DataProto) -> DataProto:
+        self.stops.append(request.meta["stop_share"])
         out = sample_rows(self.engine, request, 0)
         out["token_versions"] = out["response_mask"].long() * self.version
         return DataProto.from_dict(out)
@@ -133,10 +135,13 @@ def test_rows_older_than_the_bound_start_over_and_nothing_drawn_is_lost_or_hande
     assert waiting, "rows in flight after the first batch"
     workers.hold(2)
     carry.required = 2  # nothing of version 1 may be handed out any more
+    before = len(workers.stops)
     second = carry.generate_sequences(_request(stream, seed=3))
     live = second.batch["response_mask"].bool()
     assert second.batch["token_versions"][live].eq(2).all()
     assert carry.metrics()["async/restarted_rows"] > 0
+    # a round holding a row that started over runs it to the end (not cut): no row starts over twice
+    assert set(workers.stops[:before]) == {0.5} and workers.stops[before] == 0.0
     handed = [str(u) for u in first.non_tensor["uid"][::N]] + [str(u) for u in second.non_tensor["uid"][::N]]
     assert len(handed) == len(set(handed)), "a prompt handed out twice"
     left = [str(u) for u in carry.untrained().non_tensor["uid"]]

@@ -12,7 +12,9 @@ A carried row goes on as prompt + its tokens so far: the engine reads it afresh 
 holds (the KV cache recomputed), so each later token's behaviour log-prob is the score of the
 weights that sampled it, and every token keeps that version (``token_versions``). The staleness
 bound stays hard per token: before each round, and again when a batch is taken, a row whose oldest
-token is older than the batch being made may hold starts over (``async/restarted_rows``).
+token is older than the batch being made may hold starts over (``async/restarted_rows``); a round
+holding a row that started over is not cut, so each row starts over at most once and no prompt
+starves (the longest answers would otherwise be cut, carried past the bound and started over again).
 
 What a checkpoint must keep: the prompts drawn but not yet trained (rows in flight, groups complete
 but not yet handed out), :meth:`CarriedRollouts.untrained`; a resume generates them first.
@@ -41,6 +43,7 @@ class _Row:
     versions: list[int] = field(default_factory=list)
     done: bool = False
     rounds: int = 0  # generation rounds it took part in
+    restarted: bool = False  # started over once: never cut again (no row starves)
 
     def oldest(self) -> int | None:
         return min(self.versions) if self.versions else None
@@ -134,7 +137,8 @@ class CarriedRollouts:
 
     # -- rounds -------------------------------------------------------------------------------------
     def _round(self, meta: dict[str, Any], seed: int) -> None:
-        """One generation of every unfinished row, cut once ``stop_share`` of them still runs."""
+        """One generation of every unfinished row, cut once ``stop_share`` of them still runs (not
+        cut when a row that started over is among them)."""
         self._restart_stale(self.flight)
         pairs = [(g, r) for g in self.flight for r in g.rows if not r.done]
         live = [r for _, r in pairs]
@@ -142,7 +146,8 @@ class CarriedRollouts:
         limits = torch.tensor([self.max_new_tokens - len(r.tokens) for r in live])
         request = DataProto.from_dict(
             {"input_ids": ids, "attention_mask": mask, "limits": limits},
-            meta={**meta, "seed": seed, "stop_share": self.stop_share, "max_new_tokens": int(limits.max())},
+            meta={**meta, "seed": seed, "stop_share": 0.0 if any(r.restarted for r in live) else self.stop_share,
+                  "max_new_tokens": int(limits.max())},
         )
         out = self.group.generate_sequences(request).batch
         for i, row in enumerate(live):
@@ -170,7 +175,7 @@ class CarriedRollouts:
         for g in groups:
             old = [r for r in g.rows if (v := r.oldest()) is not None and v < self.required]
             for r in old:
-                r.tokens, r.log_probs, r.versions, r.done, r.rounds = [], [], [], False, 0
+                r.tokens, r.log_probs, r.versions, r.done, r.rounds, r.restarted = [], [], [], False, 0, True
             self.counts["restarted"] += len(old)
             if old:
                 hit.append(g)
