@@ -316,21 +316,16 @@ class TrainerSection:
     )
     partial_rollouts: str = field(
         "off",
-        "async: what happens to sequences still generating. off (each batch generated whole under "
-        "one version); swap (the rollout workers take each newly published policy between decode "
-        "steps, the sequences going on under it, their KV cache rebuilt); carry (a round stops once "
-        "carry_stop_share of its rows still run; those go on in the next round beside fresh prompts, "
-        "under the newest weights, so no round waits for its longest response). Each token records "
-        "its version and the staleness bound holds per token. Off by default: a batch then mixes "
-        "versions by thread timing. HF engine.",
+        "async: what happens to sequences still generating. off (each batch generated whole under one "
+        "version); swap (rollout workers take each newly published policy between decode steps, KV "
+        "cache rebuilt); carry (a round stops once carry_stop_share of its rows still run; those go on "
+        "in the next round beside fresh prompts under the newest weights). Each token records its "
+        "version; the staleness bound holds per token. Off by default: batches then mix versions by "
+        "thread timing. HF engine.",
         choices=("off", "swap", "carry"),
     )
     carry_stop_share: float = field(
-        0.25,
-        "partial_rollouts = carry: a generation round stops once at most this share of its rows is "
-        "still running (those rows are carried to the next round).",
-        ge=0,
-        lt=1,
+        0.25, "partial_rollouts = carry: a round stops once at most this share of its rows still runs.", ge=0, lt=1
     )
 
 
