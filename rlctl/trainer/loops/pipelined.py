@@ -187,7 +187,8 @@ class Pipeline:
 
     def save(self, checkpoint: Path, step: int) -> None:
         """An exact pipeline's next batch, generated with the weights before this step's update (a
-        latest pipeline's depend on thread timing anyway: they are generated again)."""
+        latest pipeline's depend on thread timing anyway: they are generated again); with carried
+        partial rollouts, the prompts drawn but not yet trained (generated again first on resume)."""
         if self.carry is not None:
             save_carried(checkpoint, self.carried)
         if not self.exact or self.pipeline is None or step >= self.ctx.profile.trainer.steps:
