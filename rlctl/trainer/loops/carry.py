@@ -60,10 +60,6 @@ class _Group:
     def complete(self) -> bool:
         return all(r.done for r in self.rows)
 
-    def oldest(self) -> int | None:
-        versions = [v for r in self.rows if (v := r.oldest()) is not None]
-        return min(versions) if versions else None
-
 
 class CarriedRollouts:
     """A rollout group's sampler that carries unfinished rows from one round to the next.
