@@ -6,8 +6,6 @@ a kill and resume."""
 from __future__ import annotations
 
 import json
-import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from rlctl.trainer.loops.carry import CarriedRollouts
 from rlctl.trainer.workers.sampling import sample_rows
 from tests.engines.helpers import PAD, VOCAB, make_batch, make_model
 from tests.trainer.conftest import TINY_RL
-from tests.trainer.test_resume_and_failures import rlctl
+from tests.trainer.test_resume_and_failures import kill_at_checkpoint, rlctl, trained_by_step
 from tests.trainer.test_train_e2e import by_step, metrics
 
 torch.set_num_threads(1)
@@ -166,20 +164,6 @@ def _longtail_profile(tmp_path: Path, name: str) -> Path:
     return path
 
 
-def _trained_uids(run_dir: Path) -> dict[int, set[str]]:
-    """Per step, the prompts (uids) of the rows the last process to train that step wrote."""
-    rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
-    out: dict[int, tuple[int, set[str]]] = {}
-    for r in (r for r in rows if r["phase"] == "train"):
-        start, uids = out.get(r["step"], (-1, set()))
-        if r["start_step"] > start:
-            start, uids = r["start_step"], set()
-        if r["start_step"] == start:
-            uids.add(r["uid"])
-        out[r["step"]] = (start, uids)
-    return {step: uids for step, (_, uids) in out.items()}
-
-
 def _carried(checkpoint: Path) -> set[str]:
     if not (checkpoint / "carried").is_dir():
         return set()
@@ -191,14 +175,8 @@ def _carried(checkpoint: Path) -> set[str]:
 def test_killed_async_run_with_carried_rollouts_resumes_with_each_prompt_trained_once(tmp_path):
     profile = _longtail_profile(tmp_path, "broken")
     run_dir = tmp_path / "runs/broken"
-    proc = rlctl("train", str(profile))
     ckpt = run_dir / "checkpoints/step_000002"
-    deadline = time.monotonic() + 400
-    while not (ckpt / "driver.pt").exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert (ckpt / "driver.pt").exists(), proc.stderr.read() if proc.poll() is not None else "no checkpoint"
-    proc.send_signal(signal.SIGKILL)  # rows in flight, carried between rounds
-    proc.wait(timeout=30)
+    kill_at_checkpoint(profile, ckpt)  # rows in flight, carried between rounds
     waiting = _carried(ckpt)
     assert waiting, "the step-2 checkpoint keeps the prompts drawn but not trained"
 
@@ -209,7 +187,7 @@ def test_killed_async_run_with_carried_rollouts_resumes_with_each_prompt_trained
     assert sorted(steps) == list(range(7)), "metrics.jsonl must hold each step exactly once"
     assert any(steps[s]["async/carried_rows_frac"] > 0 for s in range(1, 7)), "rows were carried"
     assert all(steps[s]["async/staleness_max"] <= 2 for s in range(1, 7))
-    trained = _trained_uids(run_dir)
+    trained = {step: set(uids) for step, uids in trained_by_step(run_dir, "uid").items()}
     flat = [u for s in range(1, 7) for u in trained[s]]
     assert len(flat) == len(set(flat)) == 6 * 4, "no prompt trained twice"
     assert not waiting & (trained[1] | trained[2]), "what step 2 kept was not trained yet"

@@ -5,9 +5,6 @@ trained once."""
 
 from __future__ import annotations
 
-import json
-import signal
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -18,7 +15,7 @@ from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.errors import RunError
 from rlctl.trainer.workers.rollout import RolloutWorker
 from rlctl.trainer.workers.weight_streams import PublishedWeights
-from tests.trainer.test_resume_and_failures import rlctl
+from tests.trainer.test_resume_and_failures import kill_at_checkpoint, rlctl, trained_by_step
 from tests.trainer.test_train_e2e import by_step, metrics
 
 
@@ -101,21 +98,6 @@ def test_without_a_board_one_version_per_generation(tiny_model):
 PARTIAL = 'mode = "async"\nmax_staleness = 1\npartial_rollouts = "swap"\nlog_samples = 64\nlog_samples_every = 1\n'
 
 
-def _trained_prompts(run_dir) -> dict[int, list[str]]:
-    """Per step, the prompts of the rows the last process to train that step wrote."""
-    rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if r["phase"] == "train"]
-    out: dict[int, tuple[int, list[str]]] = {}
-    for r in rows:
-        start, prompts = out.get(r["step"], (-1, []))
-        if r["start_step"] > start:
-            start, prompts = r["start_step"], []
-        if r["start_step"] == start:
-            prompts.append(r["prompt"])
-        out[r["step"]] = (start, prompts)
-    return {step: sorted(p) for step, (_, p) in out.items()}
-
-
 @pytest.mark.timeout(600)
 def test_killed_async_run_with_partial_rollouts_resumes_with_each_prompt_trained_once(write_profile, tmp_path):
     full = write_profile("full", steps=6, extra=PARTIAL)
@@ -124,14 +106,8 @@ def test_killed_async_run_with_partial_rollouts_resumes_with_each_prompt_trained
     _, err = proc.communicate(timeout=500)
     assert proc.returncode == 0, err
 
-    proc = rlctl("train", str(broken))
-    ckpt = tmp_path / "runs/broken/checkpoints/step_000002/driver.pt"
-    deadline = time.monotonic() + 400
-    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert ckpt.exists(), proc.stderr.read() if proc.poll() is not None else "no checkpoint in time"
-    proc.send_signal(signal.SIGKILL)  # the rollout thread is generating ahead: partial rollouts in flight
-    proc.wait(timeout=30)
+    # killed while the rollout thread is generating ahead: partial rollouts in flight
+    kill_at_checkpoint(broken, tmp_path / "runs/broken/checkpoints/step_000002")
     assert max(r["step"] for r in metrics(tmp_path / "runs/broken")) < 6
 
     proc = rlctl("train", str(broken), "--resume", "auto")
@@ -143,4 +119,4 @@ def test_killed_async_run_with_partial_rollouts_resumes_with_each_prompt_trained
         assert resumed[step]["async/staleness_max"] <= 1 and "async/swapped_rows_frac" in resumed[step]
     # the prompt stream: each step trained the same prompts as the uninterrupted run (none skipped,
     # none twice), whichever weights generated them
-    assert _trained_prompts(tmp_path / "runs/broken") == _trained_prompts(tmp_path / "runs/full")
+    assert trained_by_step(tmp_path / "runs/broken", "prompt") == trained_by_step(tmp_path / "runs/full", "prompt")

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,33 @@ def rlctl(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
     )
 
 
+def kill_at_checkpoint(profile: Path, checkpoint: Path) -> None:
+    """Train ``profile`` and SIGKILL it as soon as ``checkpoint`` holds its driver state."""
+    proc = rlctl("train", str(profile))
+    saved = checkpoint / "driver.pt"
+    deadline = time.monotonic() + 400
+    while not saved.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert saved.exists(), proc.stderr.read() if proc.poll() is not None else "no checkpoint in time"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def trained_by_step(run_dir: Path, key: str) -> dict[int, list]:
+    """Per step, ``key`` of every training row in ``samples.jsonl`` that the last process to train
+    that step wrote (a killed run's rows of a step trained again after the resume are dropped), sorted."""
+    rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    out: dict[int, tuple[int, list]] = {}
+    for r in (r for r in rows if r["phase"] == "train"):
+        start, values = out.get(r["step"], (-1, []))
+        if r["start_step"] > start:
+            start, values = r["start_step"], []
+        if r["start_step"] == start:
+            values.append(r[key])
+        out[r["step"]] = (start, values)
+    return {step: sorted(values) for step, (_, values) in out.items()}
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mode", ["sync", "one_step_off"])
 def test_killed_run_resumes_with_identical_metrics(write_profile, tmp_path, mode):
@@ -33,14 +61,7 @@ def test_killed_run_resumes_with_identical_metrics(write_profile, tmp_path, mode
     _, err = proc.communicate(timeout=500)
     assert proc.returncode == 0, err
 
-    proc = rlctl("train", str(broken))
-    ckpt = tmp_path / "runs/broken/checkpoints/step_000002/driver.pt"
-    deadline = time.monotonic() + 400
-    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert ckpt.exists(), proc.stderr.read() if proc.poll() is not None else "no checkpoint in time"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    kill_at_checkpoint(broken, tmp_path / "runs/broken/checkpoints/step_000002")
     killed_at = max(r["step"] for r in metrics(tmp_path / "runs/broken"))
     assert killed_at < 6
 
