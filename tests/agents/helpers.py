@@ -72,3 +72,58 @@ def rows_with_turns(turns: list[int]) -> list[dict]:
         }
         for i, t in enumerate(turns)
     ]
+
+
+AGENTS = Path(__file__).resolve().parents[2] / "profiles" / "agent"
+
+
+def load_agent(name: str):
+    """The module of ``profiles/agent/<name>.py`` (an OpenAI-client agent file)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, AGENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def guess_games(model_dir: Path, count: int, **task):
+    """``count`` held-out guess-the-number games for ``model_dir``: (tokenizer, rows, prompt ids,
+    prompt mask, an HF rollout engine on the model)."""
+    from transformers import AutoTokenizer
+
+    from rlctl.data.batcher import left_pad
+    from rlctl.data.dataset import encode_prompt
+    from rlctl.data.tasks.guess import GuessTask
+    from rlctl.engines.hf_rollout import HFRolloutEngine
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    rows = [
+        {"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"], "extra_info": r["extra_info"]}
+        for r in GuessTask(**task).rows("validation", count, seed=0)
+    ]
+    ids, mask, _ = left_pad([encode_prompt(tok, r["prompt"]) for r in rows], tok.pad_token_id)
+    return tok, rows, ids, mask, HFRolloutEngine(model_dir)
+
+
+def endpoint_rollout(games, agent, *, turns: int, budget: int, turn_tokens: int, seed: int, sampling: dict, **kw):
+    """``agent`` playing ``games`` (from :func:`guess_games`) through the endpoint."""
+    from rlctl.agents.endpoint import EndpointRollout
+
+    tok, rows, ids, mask, engine = games
+    return EndpointRollout(
+        engine.generate,
+        tok,
+        agent,
+        rows,
+        ids,
+        mask,
+        max_turns=[turns] * len(rows),
+        max_tokens=budget,
+        max_turn_tokens=turn_tokens,
+        eos_token_id=[tok.eos_token_id],
+        pad_token_id=tok.pad_token_id,
+        seed=seed,
+        sampling=sampling,
+        **kw,
+    )

@@ -4,7 +4,6 @@ for the same sampled tokens."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -12,11 +11,7 @@ import torch
 
 from rlctl.agents import run_episodes
 from rlctl.agents.builtin import GuessEnv
-from rlctl.agents.endpoint import EndpointRollout
-from rlctl.data.batcher import left_pad
-from rlctl.data.dataset import encode_prompt
-from rlctl.data.tasks.guess import GuessTask
-from rlctl.engines.hf_rollout import HFRolloutEngine
+from tests.agents.helpers import endpoint_rollout, guess_games, load_agent
 
 openai = pytest.importorskip(
     "openai", reason="the endpoint's client is the openai package: pip install 'rlctl[agent]'"
@@ -24,50 +19,13 @@ openai = pytest.importorskip(
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
 GUESS_SFT = ROOT / "profiles/assets/tiny-1m-guess-sft"
-AGENT_FILE = ROOT / "profiles/agent/guess_openai_agent.py"
-
-
-def load_example_agent():
-    spec = importlib.util.spec_from_file_location("guess_openai_agent", AGENT_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.run
 
 
 @pytest.fixture(scope="module")
 def guess_setup():
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(GUESS_SFT))
-    rows = [
-        {
-            "prompt": r["prompt"],
-            "ground_truth": r["reward_model"]["ground_truth"],
-            "extra_info": r["extra_info"],
-        }
-        for r in GuessTask().rows("validation", 24, seed=0)
-    ]
-    ids, mask, _ = left_pad([encode_prompt(tok, r["prompt"]) for r in rows], tok.pad_token_id)
-    return tok, rows, ids, mask, HFRolloutEngine(GUESS_SFT)
+    return guess_games(GUESS_SFT, 24)
 
 
-def _endpoint(engine, tok, agent, rows, ids, mask, *, seed=5, gather_s=None, **sampling):
-    return EndpointRollout(
-        engine.generate,
-        tok,
-        agent,
-        rows,
-        ids,
-        mask,
-        max_turns=[3] * len(rows),
-        max_tokens=32,
-        max_turn_tokens=4,
-        eos_token_id=[tok.eos_token_id],
-        pad_token_id=tok.pad_token_id,
-        seed=seed,
-        sampling={"temperature": 1.0, **sampling},
-        gather_s=gather_s,
-    )
 
 
 def test_example_agent_equals_the_native_environment_token_for_token(guess_setup):
@@ -87,7 +45,10 @@ def test_example_agent_equals_the_native_environment_token_for_token(guess_setup
         seed=5,
         temperature=1.0,
     )
-    run = _endpoint(engine, tok, load_example_agent(), rows, ids, mask)
+    agent = load_agent("guess_openai_agent").run
+    run = endpoint_rollout(
+        guess_setup, agent, turns=3, budget=32, turn_tokens=4, seed=5, sampling={"temperature": 1.0}
+    )
     served = run.run()
     assert native["agent_turns"].sum() > len(rows)  # several episodes went past one turn
     for key in ("prompts", "responses", "response_mask", "attention_mask", "input_ids"):

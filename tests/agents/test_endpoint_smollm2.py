@@ -8,25 +8,18 @@ tests (test_endpoint.py) cover the same rule fast; these run with -m slow."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 from rlctl.agents import run_episodes
 from rlctl.agents.env import Environment, Step, Turn
-from rlctl.data.batcher import left_pad
-from rlctl.data.dataset import encode_prompt
-from rlctl.data.tasks.guess import GuessTask
-from rlctl.engines.hf_rollout import HFRolloutEngine
+from tests.agents.helpers import endpoint_rollout, guess_games, load_agent
 
 pytestmark = pytest.mark.slow  # a real 135M model on CPU: 30-110 s a test on a shared 2-core host
 openai = pytest.importorskip(
     "openai", reason="the endpoint's client is the openai package: pip install 'rlctl[agent]'"
 )
 torch.set_num_threads(2)
-AGENT_FILE = Path(__file__).resolve().parents[2] / "profiles/agent/guess_openai_agent.py"
 TURNS, TURN_TOKENS, BUDGET = 3, 4, 40
 
 
@@ -51,35 +44,12 @@ async def always_lower(client, row):
 
 @pytest.fixture(scope="module")
 def smol(smollm2_dir):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    rows = [
-        {"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"], "extra_info": r["extra_info"]}
-        for r in GuessTask(style="question").rows("validation", 6, seed=0)
-    ]
-    ids, mask, _ = left_pad([encode_prompt(tok, r["prompt"]) for r in rows], tok.pad_token_id)
-    return tok, rows, ids, mask, HFRolloutEngine(smollm2_dir)
+    return guess_games(smollm2_dir, 6, style="question")
 
 
 def _served(smol, agent):
-    from rlctl.agents.endpoint import EndpointRollout
-
-    tok, rows, ids, mask, engine = smol
-    run = EndpointRollout(
-        engine.generate,
-        tok,
-        agent,
-        rows,
-        ids,
-        mask,
-        max_turns=[TURNS] * len(rows),
-        max_tokens=BUDGET,
-        max_turn_tokens=TURN_TOKENS,
-        eos_token_id=[tok.eos_token_id],
-        pad_token_id=tok.pad_token_id,
-        seed=11,
-        sampling={"temperature": 0.7},
+    run = endpoint_rollout(
+        smol, agent, turns=TURNS, budget=BUDGET, turn_tokens=TURN_TOKENS, seed=11, sampling={"temperature": 0.7}
     )
     return run, run.run()
 
@@ -122,10 +92,7 @@ def test_smollm2_multi_turn_trajectories_are_token_exact(smol):
 def test_the_example_agent_on_smollm2_equals_the_native_environment(smol):
     from rlctl.agents.builtin import GuessEnv
 
-    spec = importlib.util.spec_from_file_location("guess_openai_agent", AGENT_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    _, served = _served(smol, module.run)
+    _, served = _served(smol, load_agent("guess_openai_agent").run)
     native = _native(smol, GuessEnv)
     _assert_same_tokens(served, native)
     assert torch.equal(served["agent_reward"], native["agent_reward"])
