@@ -12,6 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# a process that crashes (SIGSEGV, SIGABRT) prints where, in Python, every thread of it was
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 try:
     from hypothesis import HealthCheck, settings

@@ -167,11 +167,11 @@ def _port() -> int:
 def run_job(job: dict) -> list[dict]:
     """Run one (model, p, q, strategy) in ``max(p, q)`` fresh processes (rank r on ``job["device"]``'s
     device r); per-rank results."""
-    import torch.multiprocessing as mp
+    from rlctl.dispatch.local_ranks import spawn_ranks
 
     world = max(job["p"], job["q"])
     with tempfile.TemporaryDirectory(prefix="rlctl-reshard-", dir=job.get("tmpdir")) as outdir:
-        mp.spawn(_worker, args=(world, _port(), job, outdir), nprocs=world, join=True)
+        spawn_ranks(_worker, world, (world, _port(), job, outdir))
         results = []
         for r in range(world):
             with open(os.path.join(outdir, f"rank{r}.json")) as f:

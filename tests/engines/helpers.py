@@ -158,13 +158,13 @@ def spawn_per_world_size(
     """Run ``worker(rank, world, port, model_dir, out_dir)`` on each world size's gloo ranks; each
     rank saves ``rank{r}.pt`` in ``out_dir``. Returns every world size's per-rank results (rank 0's
     with ``dir``, the output folder)."""
-    import torch.multiprocessing as mp
+    from rlctl.dispatch.local_ranks import spawn_ranks
 
     out = {}
     for world in world_sizes:
         out_dir = base / f"w{world}"
         out_dir.mkdir()
-        mp.spawn(worker, args=(world, free_port(), str(model_dir), str(out_dir)), nprocs=world, join=True)
+        spawn_ranks(worker, world, (world, free_port(), str(model_dir), str(out_dir)))
         out[world] = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
         out[world][0]["dir"] = out_dir
     return out

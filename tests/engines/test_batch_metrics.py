@@ -9,9 +9,9 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rlctl.algorithms.metric_parts import EffectiveSampleSize, Max, Mean, Min, merge, result, results
+from rlctl.dispatch.local_ranks import spawn_ranks
 from rlctl.engines.batch_metrics import BatchMetrics
 from tests.engines.helpers import make_batch, make_model
 
@@ -76,7 +76,7 @@ def reported(tmp_path_factory):
     model_dir = str(make_model(base / "model", seed=4))
     runs = {"plain-7": _train(_engine(model_dir), _batch(False))}
     runs["plain-8"] = _train(_engine(model_dir), _batch(True))
-    mp.spawn(_rank, args=(2, free_port(), model_dir, str(base)), nprocs=2, join=True)
+    spawn_ranks(_rank, 2, (2, free_port(), model_dir, str(base)))
     ranks = [torch.load(base / f"rank{r}.pt") for r in range(2)]
     assert ranks[0] == ranks[1]  # every rank reports the same, all-reduced values
     runs["world-2"] = ranks[0]

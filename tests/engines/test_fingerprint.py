@@ -12,8 +12,8 @@ import types
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from rlctl.dispatch.local_ranks import spawn_ranks
 from rlctl.engines.fingerprint import checksum, fingerprint_params, same, sample_plan
 from rlctl.engines.hf_rollout import HFRolloutEngine
 from rlctl.engines.sglang_rollout import SGLangRolloutEngine
@@ -168,7 +168,7 @@ def _sharded_worker(rank: int, world: int, port: int, model_dir: str, out: str) 
 def test_fsdp_shards_fingerprint_like_the_full_tensors(tmp_path):
     model_dir = _odd_model(tmp_path / "odd")
     out = tmp_path / "fp.pt"
-    mp.spawn(_sharded_worker, args=(2, free_port(), str(model_dir), str(out)), nprocs=2, join=True)
+    spawn_ranks(_sharded_worker, 2, (2, free_port(), str(model_dir), str(out)))
     result = torch.load(out)
     assert set(result["sharded"]) == set(result["full"])
     assert [n for n in result["full"] if not same(result["sharded"][n], result["full"][n])] == []

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from rlctl.dispatch.local_ranks import spawn_ranks
 from tests.engines.helpers import free_port, make_model
 
 WORLD_SIZES = (1, 2)
@@ -165,7 +165,7 @@ def runs(models):
     for world in WORLD_SIZES:
         out_dir = models["base"] / f"w{world}"
         out_dir.mkdir()
-        mp.spawn(_worker, args=(world, free_port(), models, str(out_dir)), nprocs=world, join=True)
+        spawn_ranks(_worker, world, (world, free_port(), models, str(out_dir)))
         out[world] = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
     return out
 
@@ -344,9 +344,7 @@ def rss(tmp_path_factory):
     model.save_pretrained(str(base / "big"))
     del model
     warm = make_model(base / "warm")
-    mp.spawn(
-        _rss_worker, args=(2, free_port(), str(base / "big"), str(warm), str(base)), nprocs=2, join=True
-    )
+    spawn_ranks(_rss_worker, 2, (2, free_port(), str(base / "big"), str(warm), str(base)))
     ranks = [torch.load(base / f"rss{r}.pt") for r in range(2)]
     return {"model_bytes": model_bytes, "new": [r["new"] for r in ranks], "old": [r["old"] for r in ranks]}
 

@@ -13,8 +13,8 @@ import types
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from rlctl.dispatch.local_ranks import spawn_ranks
 from rlctl.dispatch.mesh import Mesh
 from rlctl.dispatch.worker import WorkerContext
 from rlctl.engines.fsdp_train import FSDPTrainEngine
@@ -104,7 +104,7 @@ def _run(rank: int, world: int, port: int, tp: int, order: str, model_dir: str, 
 def _spawn(tmp_path, world: int, tp: int, order: str, tie: bool) -> list[dict]:
     model_dir = make_model(tmp_path / "m", tie=tie)
     out = str(tmp_path / "out")
-    mp.spawn(_run, args=(world, free_port(), tp, order, str(model_dir), out), nprocs=world, join=True)
+    spawn_ranks(_run, world, (world, free_port(), tp, order, str(model_dir), out))
     return [torch.load(f"{out}.{r}", weights_only=False) for r in range(world)]
 
 

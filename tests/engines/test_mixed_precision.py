@@ -10,8 +10,8 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from rlctl.dispatch.local_ranks import spawn_ranks
 from rlctl.engines.fsdp_train import FSDPTrainEngine
 from rlctl.engines.mixed_precision import DynamicLossScaler, compute_dtype
 from rlctl.engines.optim import OptimConfig
@@ -111,7 +111,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> N
 @pytest.mark.timeout(240)
 def test_two_ranks_over_gloo_bf16_compute_fp32_master(model_dir, tmp_path):
     """FSDP2's MixedPrecisionPolicy (bf16 all-gather, fp32 reduce-scatter) over gloo."""
-    mp.spawn(_worker, args=(2, free_port(), str(model_dir), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_worker, 2, (2, free_port(), str(model_dir), str(tmp_path)))
     for rank in range(2):
         r = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
         _check_master_moves(r["mixed"])

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from transformers import AutoConfig
 
+from rlctl.dispatch.local_ranks import spawn_ranks
 from tests.engines.helpers import EOS, PAD, free_port, make_model, tp2_policy_worker
 from tests.engines.test_vllm_tensor_parallel import _reference
 
@@ -82,7 +82,7 @@ def test_fsdp2_to_sglang_tp2_in_the_loop(tmp_path, version):
 
     model_dir = make_model(tmp_path / "m", vocab_size=100)
     out = str(tmp_path / "out")
-    mp.spawn(_run, args=(2, free_port(), version, str(model_dir), out), nprocs=2, join=True)
+    spawn_ranks(_run, 2, (2, free_port(), version, str(model_dir), out))
     leader, other = (torch.load(f"{out}.{r}", weights_only=False) for r in range(2))
     for r in (leader, other):
         assert r["metrics"]["sync/canary_ok"] == 1.0, r["metrics"]

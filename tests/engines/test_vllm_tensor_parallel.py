@@ -13,9 +13,9 @@ import sys
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from transformers import AutoConfig
 
+from rlctl.dispatch.local_ranks import spawn_ranks
 from rlctl.engines import tp_shards
 from rlctl.reshard import train_to_rollout_plan
 from rlctl.reshard.baselines import fsdp_shard
@@ -169,7 +169,7 @@ def test_fsdp2_to_vllm_tp2_in_the_loop(tmp_path, version):
 
     model_dir = make_model(tmp_path / "m", vocab_size=100)
     out = str(tmp_path / "out")
-    mp.spawn(_run, args=(2, free_port(), version, str(model_dir), out), nprocs=2, join=True)
+    spawn_ranks(_run, 2, (2, free_port(), version, str(model_dir), out))
     results = [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
     config = AutoConfig.from_pretrained(model_dir)
     for t, r in enumerate(results):

@@ -7,7 +7,8 @@ import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+
+from rlctl.dispatch.local_ranks import spawn_ranks
 
 CFG = {
     "model_type": "qwen2",
@@ -165,9 +166,9 @@ def _plain_worker(rank: int, world: int, port: int, p: int, q: int, bucket: int)
     ],
 )
 def test_fsdp2_dtensors_to_rollout_over_gloo(world: int, q: int, order: str, transport: str) -> None:
-    mp.spawn(_fsdp_worker, args=(world, _port(), q, order, 2048, transport), nprocs=world, join=True)
+    spawn_ranks(_fsdp_worker, world, (world, _port(), q, order, 2048, transport))
 
 
 @pytest.mark.timeout(180)
 def test_rollout_tp_larger_than_train_world_over_gloo() -> None:
-    mp.spawn(_plain_worker, args=(2, _port(), 1, 2, 1024), nprocs=2, join=True)
+    spawn_ranks(_plain_worker, 2, (2, _port(), 1, 2, 1024))
