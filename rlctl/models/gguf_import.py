@@ -137,11 +137,13 @@ def import_gguf(gguf: Path, out_dir: Path) -> Path:
         ) from None
     check_gguf(gguf)  # before anything is allocated: a crafted header is refused in one line
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf.parent), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # the config read once and handed over: each read parses the whole file's metadata (the vocabulary)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=torch.float32)
     config = loaded.config
     config.architectures = [type(loaded).__name__]
     if hasattr(config, "quantization_config"):  # the weights are plain fp32 now

@@ -34,7 +34,7 @@ preset = "grpo"
 lr = 1e-5
 use_kl_loss = false
 micro_batch_sequences = 4
-ppo_epochs = 2
+mini_batch_prompts = 1  # two optimiser steps per RL step: the old log-probs are computed
 [rollout]
 engine = "hf"
 n = 4  # 2 prompts x 4: a reward that varies within a group, so step 1 really updates
