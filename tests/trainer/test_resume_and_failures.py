@@ -52,7 +52,9 @@ def trained_by_step(run_dir: Path, key: str) -> dict[int, list]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("mode", ["sync", "one_step_off"])
+# one_step_off's pipeline resumes as the async one does (its kill-and-resume tests run by default,
+# with swaps and with carried rollouts), and its own resume on stale samples is tested below: slow here
+@pytest.mark.parametrize("mode", ["sync", pytest.param("one_step_off", marks=pytest.mark.slow)])
 def test_killed_run_resumes_with_identical_metrics(write_profile, tmp_path, mode):
     mode_line = f'mode = "{mode}"\n'  # TINY_RL ends in [trainer]
     full = write_profile("full", steps=6, extra=mode_line)
@@ -119,8 +121,13 @@ def test_failing_rank_names_role_rank_step_and_keeps_checkpoint(write_profile, t
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize(
     ("signum", "code"),
-    # SIGUSR1 takes the handler SIGTERM takes (only the exit code differs): slow, beside it
-    [(signal.SIGINT, 130), (signal.SIGTERM, 143), pytest.param(signal.SIGUSR1, 138, marks=pytest.mark.slow)],
+    # SIGINT and SIGUSR1 take the handler SIGTERM takes (only the exit code differs; each one's
+    # handling is tested in process in test_stop_signals.py): slow, beside it
+    [
+        pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow),
+        (signal.SIGTERM, 143),
+        pytest.param(signal.SIGUSR1, 138, marks=pytest.mark.slow),
+    ],
     ids=["int", "term", "usr1"],
 )
 def test_a_stop_signal_finishes_the_step_saves_and_resumes_exactly(write_profile, tmp_path, signum, code):
