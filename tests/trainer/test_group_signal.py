@@ -66,7 +66,7 @@ def test_sigterm_to_the_group_saves_exits_143_in_the_grace_and_resumes(write_pro
     stopped_at = int(saved[0].name.split("_")[1])
     assert max(r["step"] for r in metrics(tmp_path / "runs/grp")) == stopped_at
     print(f"{backend}: exit 143 {took:.1f} s after SIGTERM to the group, checkpoint of step {stopped_at}")
-    # the stop's checkpoint resumes (in this process: the Ray start is not what is tested here)
+    # the stop's checkpoint resumes on the in-process backend (a Ray start is not what this tests)
     resumed = profile.read_text().replace("steps = 40", f"steps = {stopped_at + 1}")
     profile.write_text(resumed.replace('backend = "ray"', 'backend = "inprocess"'))
     again = subprocess.run(
