@@ -33,6 +33,8 @@ from rlctl.data.batcher import left_pad
 from rlctl.dispatch import DataProto
 from rlctl.engines.logprob import position_ids_from_mask
 
+COUNTS = ("rounds", "restarted", "rows", "carried")  # what metrics() reports since its last call
+
 
 @dataclass
 class _Row:
@@ -88,7 +90,7 @@ class CarriedRollouts:
         self.flight: list[_Group] = []  # drawn, not all responses complete (draw order)
         self.complete: list[_Group] = []  # complete, not handed out yet (completion order)
         self.required = 0  # the oldest weight version the batch being made may hold (set per batch)
-        self.counts = {"rounds": 0, "restarted": 0, "rows": 0, "carried": 0}
+        self.counts = dict.fromkeys(COUNTS, 0)
 
     # -- the stage's side ---------------------------------------------------------------------------
     def generate_sequences(self, request: DataProto) -> DataProto:
@@ -124,7 +126,7 @@ class CarriedRollouts:
     def metrics(self) -> dict[str, float]:
         """``async/carry_*`` since the last call: rounds, rows started over, share of the handed-out
         rows that spanned more than one round."""
-        c, self.counts = self.counts, {"rounds": 0, "restarted": 0, "rows": 0, "carried": 0}
+        c, self.counts = self.counts, dict.fromkeys(COUNTS, 0)
         return {
             "async/carry_rounds": float(c["rounds"]),
             "async/restarted_rows": float(c["restarted"]),

@@ -30,9 +30,6 @@ def save_pending(path: Path, items: list[Produced]) -> None:
     root = path / PENDING_DIR
     root.mkdir()
     for item in items:
-        stem = root / f"batch_{item.index:06d}"
-        tensors = {k: v.detach().cpu().clone() for k, v in item.batch.batch.items()}  # no shared storage
-        save_file(tensors, f"{stem}.safetensors")
         record = {
             "index": item.index,
             "version": item.version,
@@ -40,9 +37,8 @@ def save_pending(path: Path, items: list[Produced]) -> None:
             "seconds": item.seconds,
             "data_state": item.data_state,
             "meta": item.batch.meta,
-            "non_tensor": {k: _column_to_json(k, v) for k, v in item.batch.non_tensor.items()},
         }
-        Path(f"{stem}.json").write_text(json.dumps(record))
+        _write(root / f"batch_{item.index:06d}", item.batch, record)
 
 
 def load_pending(path: Path) -> list[Produced]:
@@ -52,12 +48,7 @@ def load_pending(path: Path) -> list[Produced]:
         return []
     items = []
     for meta_file in sorted(root.glob("batch_*.json")):
-        try:
-            record = json.loads(meta_file.read_text())
-            tensors = load_file(str(meta_file.with_suffix(".safetensors")))
-        except (OSError, ValueError) as exc:
-            raise UserError(f"--resume {path}: {meta_file.name} cannot be read ({exc})") from exc
-        non_tensor = {k: _column_from_json(v) for k, v in record["non_tensor"].items()}
+        tensors, non_tensor, record = _read(meta_file.with_suffix(""), path, meta_file.name)
         batch = DataProto(tensors, non_tensor, record["meta"])
         items.append(
             Produced(
@@ -78,9 +69,7 @@ def save_carried(path: Path, prompts: DataProto | None) -> None:
         return
     root = path / CARRIED_DIR
     root.mkdir()
-    save_file({k: v.detach().cpu().clone() for k, v in prompts.batch.items()}, str(root / "prompts.safetensors"))
-    columns = {k: _column_to_json(k, v) for k, v in prompts.non_tensor.items()}
-    (root / "prompts.json").write_text(json.dumps({"non_tensor": columns}))
+    _write(root / "prompts", prompts, {})
 
 
 def load_carried(path: Path) -> DataProto | None:
@@ -88,12 +77,27 @@ def load_carried(path: Path) -> DataProto | None:
     root = path / CARRIED_DIR
     if not root.is_dir():
         return None
+    tensors, non_tensor, _ = _read(root / "prompts", path, f"{CARRIED_DIR}/")
+    return DataProto(tensors, non_tensor)
+
+
+def _write(stem: Path, proto: DataProto, record: dict[str, Any]) -> None:
+    """``proto``'s tensors at ``stem.safetensors`` (no shared storage), ``record`` plus its
+    non-tensor columns at ``stem.json``."""
+    save_file({k: v.detach().cpu().clone() for k, v in proto.batch.items()}, f"{stem}.safetensors")
+    columns = {k: _column_to_json(k, v) for k, v in proto.non_tensor.items()}
+    Path(f"{stem}.json").write_text(json.dumps({**record, "non_tensor": columns}))
+
+
+def _read(stem: Path, checkpoint: Path, what: str) -> tuple[dict, dict, dict[str, Any]]:
+    """What :func:`_write` wrote at ``stem``: tensors, non-tensor columns, the record; a UserError
+    naming ``what`` of the ``--resume`` checkpoint when it cannot be read."""
     try:
-        record = json.loads((root / "prompts.json").read_text())
-        tensors = load_file(str(root / "prompts.safetensors"))
+        record = json.loads(Path(f"{stem}.json").read_text())
+        tensors = load_file(f"{stem}.safetensors")
     except (OSError, ValueError) as exc:
-        raise UserError(f"--resume {path}: {CARRIED_DIR}/ cannot be read ({exc})") from exc
-    return DataProto(tensors, {k: _column_from_json(v) for k, v in record["non_tensor"].items()})
+        raise UserError(f"--resume {checkpoint}: {what} cannot be read ({exc})") from exc
+    return tensors, {k: _column_from_json(v) for k, v in record["non_tensor"].items()}, record
 
 
 def _column_to_json(name: str, column: np.ndarray) -> dict[str, Any]:
